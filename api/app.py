@@ -1,0 +1,54 @@
+"""The API app factory: one Redis pool and one completion subscriber per process."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api import errors, health, jobs
+from api.limits import BodyLimit
+from api.notifier import Notifier
+from api.service import JobService
+from shared.queue import JobQueue
+from shared.redis_conn import api_client, pubsub_client
+from shared.settings import Settings
+
+log = logging.getLogger("inferq.api")
+
+
+def create_app(settings: Settings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        url = settings.redis_url.get_secret_value()
+        redis = api_client(
+            url, timeout_s=settings.redis_timeout_s, pool_size=settings.redis_pool_size
+        )
+        notifier = Notifier(pubsub_client(url, connect_timeout_s=settings.redis_timeout_s))
+        await notifier.start()
+        queue = JobQueue(redis, result_ttl_s=settings.result_ttl_s)
+        app.state.settings = settings
+        app.state.redis = redis
+        app.state.jobs = JobService(settings, queue, notifier)
+        log.info("api ready: models=%s", ",".join(sorted(settings.served_models)))
+        try:
+            yield
+        finally:
+            notifier.wake_all()  # open long-polls answer with the current state
+            await notifier.close()
+            await redis.aclose()
+
+    app = FastAPI(
+        title="inferq",
+        version="0.1.0",
+        summary="Memory-bounded microbatching inference behind a Redis queue.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    errors.install(app)
+    app.include_router(jobs.router)
+    app.include_router(health.router)
+    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)
+    return app

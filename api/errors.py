@@ -1,0 +1,71 @@
+"""One table from error type to HTTP answer; nothing a client sends becomes a 5xx."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api.limits import BodyLimit, BodyTooLarge
+from api.responses import FastJSON, error_body
+from shared.errors import CodecError, QueueUnavailable, RequestError
+
+log = logging.getLogger("inferq.api")
+
+
+def _loc(loc: tuple[object, ...]) -> str:
+    return ".".join(str(p) for p in loc if p != "body") or "body"
+
+
+async def _validation(request: Request, exc: RequestValidationError) -> FastJSON:
+    # Echo messages and locations only: the offending value may be bytes that are not UTF-8.
+    detail = [
+        {"loc": _loc(tuple(e.get("loc", ()))), "msg": str(e.get("msg", ""))} for e in exc.errors()
+    ]
+    message = "; ".join(f"{d['loc']}: {d['msg']}" for d in detail) or "invalid request"
+    body = error_body("invalid_request", message) | {"detail": detail}
+    return FastJSON(body, status_code=422)
+
+
+async def _request_error(request: Request, exc: RequestError) -> FastJSON:
+    log.info("rejected %s %s: %s %s", request.method, request.url.path, exc.code, exc)
+    return FastJSON(error_body(exc.code, str(exc)), status_code=exc.status_code)
+
+
+async def _unavailable(request: Request, exc: Exception) -> FastJSON:
+    retry = exc.retry_after_s if isinstance(exc, QueueUnavailable) else 1
+    log.warning("redis unavailable on %s %s: %s", request.method, request.url.path, exc)
+    return FastJSON(
+        error_body("unavailable", "the queue is unreachable; retry shortly"),
+        status_code=503,
+        headers={"Retry-After": str(retry)},
+    )
+
+
+async def _codec(request: Request, exc: CodecError) -> FastJSON:
+    log.error("undecodable record on %s: %s", request.url.path, exc)
+    return FastJSON(
+        error_body("corrupt_record", "the job record could not be read"), status_code=500
+    )
+
+
+async def _http(request: Request, exc: StarletteHTTPException) -> FastJSON:
+    if isinstance(exc.__cause__, BodyTooLarge):  # a chunked body that outgrew the limit
+        return BodyLimit.reject(request.app.state.settings.max_body_bytes)
+    return FastJSON(
+        error_body("http_error", str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+    )
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestError, _request_error)  # type: ignore[arg-type]
+    app.add_exception_handler(QueueUnavailable, _unavailable)
+    app.add_exception_handler(RedisConnectionError, _unavailable)
+    app.add_exception_handler(RedisTimeoutError, _unavailable)
+    app.add_exception_handler(CodecError, _codec)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http)  # type: ignore[arg-type]

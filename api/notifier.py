@@ -1,0 +1,90 @@
+"""One pub/sub subscriber per API process, fanning completions out to local waiters.
+
+Pub/sub is at-most-once: a message published while we reconnect is gone. So a waiter
+registers first, then reads the job record, re-reads on a timer, and every waiter is
+woken to re-read after each (re)subscribe. A missed message can delay, never lose, a result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from redis.asyncio import Redis
+
+from shared import keys
+
+log = logging.getLogger("inferq.api")
+
+
+class Notifier:
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.connected = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="notifier")
+
+    async def close(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.wake_all()
+        await self._redis.aclose()
+
+    def watch(self, job_id: str) -> asyncio.Future[None]:
+        """A future resolved when `job_id` may have changed; register before reading the job."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(job_id, set()).add(fut)
+        return fut
+
+    def unwatch(self, job_id: str, fut: asyncio.Future[None]) -> None:
+        waiters = self._waiters.get(job_id)
+        if waiters is not None:
+            waiters.discard(fut)
+            if not waiters:
+                del self._waiters[job_id]
+
+    def _wake(self, job_id: str) -> None:
+        for fut in self._waiters.pop(job_id, ()):
+            if not fut.done():
+                fut.set_result(None)
+
+    def wake_all(self) -> None:
+        for job_id in list(self._waiters):
+            self._wake(job_id)
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(w) for w in self._waiters.values())
+
+    async def _run(self) -> None:
+        delay = 0.1
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.psubscribe(keys.DONE_PATTERN)
+                self.connected.set()
+                self.wake_all()  # anything published while we were away: re-read
+                delay = 0.1
+                async for msg in pubsub.listen():
+                    if msg and msg.get("type") == "pmessage":
+                        channel = msg["channel"]
+                        if isinstance(channel, bytes):
+                            channel = channel.decode()
+                        self._wake(keys.job_id_from_channel(channel))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # any drop: resubscribe with backoff, waiters re-read
+                self.connected.clear()
+                log.warning("completion subscriber lost (%s); resubscribing in %.1fs", e, delay)
+                self.wake_all()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()

@@ -1,0 +1,68 @@
+"""Request and response models: what clients send and see (internal fields never leak)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SubmitRequest(BaseModel):
+    """Exactly one of `input` (one text) or `inputs` (a list of texts)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: list[str] | None = Field(None, description="Texts to run; one output each, in order.")
+    input: str | None = Field(None, description="A single text (same as inputs=[input]).")
+    model: str | None = Field(None, description="Model name; default is the server's INFERQ_MODEL.")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> SubmitRequest:
+        if (self.inputs is None) == (self.input is None):
+            raise ValueError(
+                "give exactly one of 'input' (a string) or 'inputs' (a list of strings)"
+            )
+        if self.inputs is not None and not self.inputs:
+            raise ValueError("'inputs' is empty: give at least one string")
+        return self
+
+    def texts(self) -> list[str]:
+        return self.inputs if self.inputs is not None else [self.input or ""]
+
+
+class InferRequest(SubmitRequest):
+    wait: float | None = Field(
+        None, ge=0, description="Seconds to wait for the result before answering 202 (max 60)."
+    )
+
+
+class JobAccepted(BaseModel):
+    id: str
+    status: str
+    model: str
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+
+
+class Timings(BaseModel):
+    queued_ms: int | None = None
+    run_ms: int | None = None
+    total_ms: int | None = None
+    batch_size: int | None = None
+    batch_tokens: int | None = None
+
+
+class JobView(BaseModel):
+    id: str
+    model: str
+    status: Literal["queued", "running", "succeeded", "failed", "expired", "cancelled"]
+    outputs: list[list[float]] | None = None
+    error: ErrorBody | None = None
+    timings: Timings
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

@@ -1,0 +1,65 @@
+"""Redis clients with the timeouts and retry policy each side needs.
+
+The API must answer 503 quickly when Redis is gone (short socket timeouts, one retry);
+a worker's blocking XREADGROUP needs a socket timeout longer than its BLOCK, or the
+read raises and drops a connection that the server already delivered entries on.
+TLS (`rediss://`) verifies certificates and host names explicitly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+RETRY_ON = (RedisConnectionError, RedisTimeoutError, ConnectionResetError, OSError)
+
+
+def _tls_kwargs(url: str) -> dict[str, Any]:
+    if url.startswith("rediss://"):
+        return {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
+    return {}
+
+
+def api_client(url: str, *, timeout_s: float, pool_size: int) -> Redis:
+    """Pooled client for request handlers: waits for a free connection, never 'Too many'."""
+    pool = BlockingConnectionPool.from_url(
+        url,
+        max_connections=pool_size,
+        timeout=timeout_s,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 1),
+        retry_on_error=list(RETRY_ON),
+        **_tls_kwargs(url),
+    )
+    return Redis(connection_pool=pool)
+
+
+def pubsub_client(url: str, *, connect_timeout_s: float) -> Redis:
+    """For the one long-lived subscriber per process: reads may idle indefinitely."""
+    return Redis.from_url(
+        url,
+        socket_timeout=None,
+        socket_connect_timeout=connect_timeout_s,
+        retry=Retry(ExponentialBackoff(cap=0.5), 0),
+        **_tls_kwargs(url),
+    )
+
+
+def worker_client(url: str, *, block_ms: int) -> Redis:
+    """Worker client; the socket timeout comfortably exceeds any BLOCK we issue."""
+    timeout_s = block_ms / 1000 + 5.0
+    return Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=5.0,
+        # No blind retries: XREADGROUP '>' and XADD are not idempotent; the worker loop
+        # handles connection errors itself (re-reads its PEL after reconnecting).
+        retry=Retry(ExponentialBackoff(), 0),
+        **_tls_kwargs(url),
+    )

@@ -1,0 +1,147 @@
+"""Every `INFERQ_*` setting, declared once with its type, default and trade-off.
+
+Built at an entry point (`Settings()` reads the environment) and passed down; nothing
+instantiates settings at import time, so tests can hand in their own.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class ModelSpec:
+    """`INFERQ_MODEL` / `INFERQ_MODELS` entries: `name`, `name=target` or `pkg.mod:Class`.
+
+    The name is what clients send and what keys are built from; the target is what the
+    worker loads (a built-in name or `package.module:ClassName`). A bare `pkg.mod:Class`
+    is served under its class name lower-cased, so URLs and keys stay clean.
+    """
+
+    __slots__ = ("name", "target")
+
+    def __init__(self, spec: str) -> None:
+        spec = spec.strip()
+        name, sep, target = spec.partition("=")
+        if not sep:
+            target = spec
+            name = spec.rsplit(":", 1)[-1].lower() if ":" in spec else spec
+        if not _MODEL_NAME.match(name) or not target:
+            raise ValueError(
+                f"invalid model spec {spec!r}: want 'name', 'name=target' or 'pkg.mod:Class'"
+            )
+        self.name, self.target = name, target
+
+    def __repr__(self) -> str:
+        return f"ModelSpec({self.name}={self.target})"
+
+
+class Settings(BaseSettings):
+    """inferq configuration; every field maps to `INFERQ_<FIELD>` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="INFERQ_", extra="ignore", frozen=True)
+
+    # --- shared ---
+    redis_url: SecretStr = Field(
+        SecretStr("redis://127.0.0.1:6379/0"),
+        description="Redis URL (redis://, rediss:// for TLS, unix://). Secret: it may carry a password.",
+    )
+    model: str = Field(
+        "minilm", description="Default model: 'minilm', 'echo', 'name=pkg.mod:Class'."
+    )
+    models: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated models this deployment serves; empty means just INFERQ_MODEL.",
+    )
+    result_ttl_s: int = Field(3600, gt=0, description="How long a finished job's record is kept.")
+    data_dir: Path = Field(Path(".inferq"), description="Redis data, calibration files, snapshots.")
+    log_level: str = Field("INFO", description="Python logging level.")
+    log_format: Literal["text", "json"] = Field("text", description="Log line format.")
+
+    # --- api ---
+    max_inputs_per_job: int = Field(256, gt=0, description="More inputs per job → 413.")
+    max_input_chars: int = Field(20_000, gt=0, description="Longer single input → 413.")
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Larger request body → 413.")
+    sync_wait_s: float = Field(30.0, ge=0, le=60, description="Default wait of POST /v1/infer.")
+    max_long_poll_s: float = Field(60.0, gt=0, description="Cap on ?wait= and on the infer wait.")
+    redis_timeout_s: float = Field(
+        2.0, gt=0, description="API socket timeout: an unreachable Redis answers 503, never hangs."
+    )
+    redis_pool_size: int = Field(
+        64, gt=0, description="API connections; waits, never errors, past it."
+    )
+
+    # --- worker ---
+    model_path: str | None = Field(
+        None, description="Local model directory for 'minilm'-type models."
+    )
+    device: str = Field("auto", description="'auto' (cuda if present), 'cpu', 'cuda', 'cuda:N'.")
+    dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="CUDA only.")
+    max_batch_tokens: int = Field(
+        8192,
+        gt=0,
+        description="Padded tokens per batch (items × longest). The memory bound: raise it until "
+        "the device is compute-bound, keep it below what fits in memory.",
+    )
+    max_batch_size: int = Field(32, gt=0, description="Items per batch.")
+    max_wait_ms: float = Field(
+        5.0, ge=0, description="How long the first pending item waits for others: latency vs. fill."
+    )
+    prefetch_items: int = Field(
+        0,
+        ge=0,
+        description="Items a worker holds beyond the running batch (0 = 2 × max_batch_size). "
+        "More fills batches better; less leaves work for other workers.",
+    )
+    read_block_ms: int = Field(1000, gt=0, description="XREADGROUP BLOCK: idle wake-up period.")
+    worker_id: str = Field("", description="Stable consumer name; default host:device:model.")
+    heartbeat_s: float = Field(1.0, gt=0, description="Heartbeat period.")
+    heartbeat_ttl_s: float = Field(
+        5.0, gt=0, description="A worker is dead this long after its last beat."
+    )
+    echo_batch_delay_ms: float = Field(0.0, ge=0, description="echo model: sleep per batch.")
+    echo_token_delay_ms: float = Field(0.0, ge=0, description="echo model: sleep per padded token.")
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _split_models(cls, v: object) -> object:
+        if isinstance(v, str):
+            return [m.strip() for m in v.split(",") if m.strip()]
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        for spec in [self.model, *self.models]:
+            ModelSpec(spec)  # raises ValueError naming the bad spec
+        if self.read_block_ms / 1000 >= self.heartbeat_ttl_s:
+            raise ValueError(
+                "read_block_ms must stay below heartbeat_ttl_s, or a idle worker looks dead"
+            )
+        return self
+
+    # --- derived ---
+    @property
+    def default_model(self) -> ModelSpec:
+        return ModelSpec(self.model)
+
+    @property
+    def served_models(self) -> dict[str, ModelSpec]:
+        """Declared models by name; the default is always among them."""
+        specs = [ModelSpec(s) for s in self.models] or [self.default_model]
+        out = {s.name: s for s in specs}
+        out.setdefault(self.default_model.name, self.default_model)
+        return out
+
+    @property
+    def prefetch_limit(self) -> int:
+        return self.prefetch_items or 2 * self.max_batch_size
+
+    def consumer_name(self, device: str, model: str) -> str:
+        return self.worker_id or f"{socket.gethostname()}:{device}:{model}"

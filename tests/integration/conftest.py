@@ -1,0 +1,54 @@
+"""A real redis-server for the whole session (free port, AOF on), flushed per test."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from inferq.redis_server import RedisServer, RedisServerError, find_redis_server
+from tests.integration.stack import Stack
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    try:
+        find_redis_server()
+    except RedisServerError as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set but no redis-server is available: {e}")
+        pytest.skip(f"no redis-server: {e}")
+    server = RedisServer(Path(tmp_path_factory.mktemp("redis")), appendonly=True)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    if not redis_server.running:  # a chaos test may have left it down
+        redis_server.start()
+    r = redis.Redis.from_url(redis_server.url)
+    r.flushall()
+    r.close()
+    yield redis_server.url
+
+
+@pytest.fixture
+def stack(redis_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    s = Stack(redis_url, tmp_path)
+    yield s
+    failed = getattr(request.node, "rep_call", None)
+    if failed is not None and failed.failed:
+        print(s.logs())
+    s.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+from shared.errors import CodecError
+from shared.jobs import (
+    SCHEMA_VERSION,
+    Job,
+    JobError,
+    Status,
+    decode_job,
+    encode_final,
+    encode_submit,
+    new_job_id,
+)
+
+
+def _roundtrip(fields: dict[str, bytes]) -> Job:
+    return decode_job({k.encode(): v for k, v in fields.items()})
+
+
+def test_job_ids_are_random_urlsafe_128_bits() -> None:
+    ids = {new_job_id() for _ in range(1000)}
+    assert len(ids) == 1000
+    for i in ids:
+        assert len(i) == 22 and all(c.isalnum() or c in "-_" for c in i)
+
+
+def test_submit_then_final_roundtrip_keeps_float32_bytes() -> None:
+    job = Job(id="abc", model="echo", inputs=["x", "yé"], tenant="t1", deadline_ms=5)
+    fields = encode_submit(job)
+    assert msgpack.unpackb(fields["v"]) == SCHEMA_VERSION
+    out = np.arange(8, dtype=np.float32).reshape(2, 4) / 3
+    fields |= encode_final(
+        Status.SUCCEEDED, finished_ms=job.created_ms + 9, outputs=out, batch_size=2, batch_tokens=6
+    )
+    back = _roundtrip(fields)
+    assert back.status is Status.SUCCEEDED and back.inputs == ["x", "yé"] and back.tenant == "t1"
+    assert back.outputs is not None and back.outputs.dtype == np.float32
+    np.testing.assert_array_equal(back.outputs, out)
+    assert back.timings()["total_ms"] == 9 and back.timings()["batch_tokens"] == 6
+    # raw bytes travel, not nested lists
+    assert isinstance(msgpack.unpackb(fields["outputs"])["data"], bytes)
+
+
+def test_error_roundtrip_and_timings_while_queued() -> None:
+    job = Job(id="e", model="m", inputs=["a"])
+    fields = encode_submit(job) | encode_final(
+        Status.FAILED, finished_ms=job.created_ms, error=JobError("model_error", "bad")
+    )
+    back = _roundtrip(fields)
+    assert back.error == JobError("model_error", "bad") and back.outputs is None
+    queued = _roundtrip(encode_submit(job))
+    assert queued.timings() == {
+        "queued_ms": None,
+        "run_ms": None,
+        "total_ms": None,
+        "batch_size": None,
+        "batch_tokens": None,
+    }
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda f: f.update(v=msgpack.packb(99)),
+        lambda f: f.pop("id"),
+        lambda f: f.update(status=msgpack.packb("exploded")),
+        lambda f: f.update(inputs=b"\xc1"),
+        lambda f: f.update(
+            outputs=msgpack.packb({"dtype": "float32", "shape": [3], "data": b"12"})
+        ),
+    ],
+)
+def test_corrupt_records_raise_codec_error(mutate) -> None:  # type: ignore[no-untyped-def]
+    fields = encode_submit(Job(id="c", model="m", inputs=["a"]))
+    mutate(fields)
+    with pytest.raises(CodecError):
+        _roundtrip(fields)
+
+
+def test_final_statuses() -> None:
+    assert {s for s in Status if s.is_final} == {"succeeded", "failed", "expired", "cancelled"}

