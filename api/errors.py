@@ -7,6 +7,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -67,5 +68,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(QueueUnavailable, _unavailable)
     app.add_exception_handler(RedisConnectionError, _unavailable)
     app.add_exception_handler(RedisTimeoutError, _unavailable)
+    # e.g. OOM under noeviction, or READONLY during a failover: the queue cannot take work now.
+    app.add_exception_handler(RedisError, _unavailable)
     app.add_exception_handler(CodecError, _codec)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http)  # type: ignore[arg-type]

@@ -31,7 +31,9 @@ async def get_job(
     job_id: str,
     jobs: Jobs,
     wait: float = Query(
-        0, ge=0, description="Long-poll: seconds to wait for a final state (max 60)."
+        0,
+        ge=0,
+        description="Long-poll: seconds to wait for a final state (capped at INFERQ_MAX_LONG_POLL_S, default 60).",
     ),
 ) -> FastJSON:
     """A job's state; with `wait`, answers as soon as it is final or when the wait is over."""

@@ -32,7 +32,9 @@ class SubmitRequest(BaseModel):
 
 class InferRequest(SubmitRequest):
     wait: float | None = Field(
-        None, ge=0, description="Seconds to wait for the result before answering 202 (max 60)."
+        None,
+        ge=0,
+        description="Seconds to wait for the result before answering 202 (capped at INFERQ_MAX_LONG_POLL_S, default 60).",
     )
 
 

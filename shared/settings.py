@@ -61,7 +61,9 @@ class Settings(BaseSettings):
         description="Comma-separated models this deployment serves; empty means just INFERQ_MODEL.",
     )
     result_ttl_s: int = Field(3600, gt=0, description="How long a finished job's record is kept.")
-    data_dir: Path = Field(Path(".inferq"), description="Redis data, calibration files, snapshots.")
+    data_dir: Path = Field(
+        Path(".inferq"), description="Where `inferq up` keeps its Redis data (AOF) and local state."
+    )
     log_level: str = Field("INFO", description="Python logging level.")
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
 
@@ -75,7 +77,9 @@ class Settings(BaseSettings):
         2.0, gt=0, description="API socket timeout: an unreachable Redis answers 503, never hangs."
     )
     redis_pool_size: int = Field(
-        64, gt=0, description="API connections; waits, never errors, past it."
+        64,
+        gt=0,
+        description="API Redis connections; past it a request waits up to redis_timeout_s, then 503.",
     )
 
     # --- worker ---
@@ -83,7 +87,7 @@ class Settings(BaseSettings):
         None, description="Local model directory for 'minilm'-type models."
     )
     device: str = Field("auto", description="'auto' (cuda if present), 'cpu', 'cuda', 'cuda:N'.")
-    dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="CUDA only.")
+    dtype: Literal["float32", "float16"] = Field("float32", description="CUDA only.")
     max_batch_tokens: int = Field(
         8192,
         gt=0,

@@ -118,11 +118,21 @@ class Worker:
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
         publisher = asyncio.create_task(self._publish_loop(), name="publish")
         consumer = asyncio.create_task(self._consume_loop(), name="consume")
+        runner = asyncio.create_task(self._run_loop(), name="run")
         try:
-            await self._run_loop()
+            # A task that dies must take the worker down (and its heartbeat with it), never
+            # leave a process that looks alive but no longer reads or publishes.
+            done, _ = await asyncio.wait(
+                {heartbeat, publisher, consumer, runner}, return_when=asyncio.FIRST_EXCEPTION
+            )
+            for t in done:
+                if t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+            await runner
             await consumer
             await self._finished.join()
         finally:
+            runner.cancel()
             for t in (consumer, publisher, heartbeat):
                 t.cancel()
             await asyncio.gather(consumer, publisher, heartbeat, return_exceptions=True)
@@ -203,6 +213,12 @@ class Worker:
                 continue
             try:
                 prepared = self.model.prepare(job.inputs)
+                if len(prepared) != len(job.inputs) or any(
+                    not isinstance(p.cost, int) or p.cost < 1 for p in prepared
+                ):
+                    raise ModelError(
+                        "prepare() must return one item per input, each with cost >= 1"
+                    )
             except Exception as e:  # a bad input fails its own job before it reaches a batch
                 error = JobError("model_error", f"{type(e).__name__}: {e}")
                 self._finalize(JobState(job, entry.entry_id, 0, error=error))

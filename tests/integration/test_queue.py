@@ -1,0 +1,71 @@
+"""The queue's Lua scripts against a real Redis: atomic, retry-safe, never clobbering."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+from redis.asyncio import Redis
+
+from shared import keys
+from shared.jobs import Job, JobError, Status, encode_final
+from shared.queue import Final, JobQueue
+
+
+@pytest.fixture
+async def queue(redis_url: str) -> AsyncIterator[JobQueue]:
+    r = Redis.from_url(redis_url)
+    yield JobQueue(r, result_ttl_s=60)
+    await r.aclose()
+
+
+async def test_submit_is_idempotent_per_job_id(queue: JobQueue) -> None:
+    job = Job(id="j1", model="echo", inputs=["a"])
+    assert await queue.submit(job) is True
+    assert await queue.submit(job) is False  # a client-side retry adds no second entry
+    assert await queue.queue_depth("echo") == 1
+    got = await queue.get("j1")
+    assert got is not None and got.status is Status.QUEUED and got.inputs == ["a"]
+
+
+async def test_claim_marks_running_once_and_counts_attempts(queue: JobQueue) -> None:
+    await queue.ensure_group("echo")
+    await queue.ensure_group("echo")  # BUSYGROUP is fine
+    await queue.submit(Job(id="j2", model="echo", inputs=["a"]))
+    entries = await queue.read("echo", "c1", count=10, block_ms=100)
+    assert [e.job_id for e in entries] == ["j2"]
+    (job,) = await queue.claim(["j2"], 123)
+    assert job is not None and job.status is Status.RUNNING and job.started_ms == 123
+    (again,) = await queue.claim(["j2"], 456)  # a redelivery keeps the first start time
+    assert again is not None and again.started_ms == 123 and again.attempts == 2
+    assert await queue.claim(["missing"], 1) == [None]
+    # own PEL is readable with '0' until acked
+    assert [
+        e.job_id for e in await queue.read("echo", "c1", count=10, block_ms=None, pending=True)
+    ] == ["j2"]
+
+
+async def test_final_write_is_never_overwritten_and_acks(queue: JobQueue) -> None:
+    await queue.ensure_group("echo")
+    await queue.submit(Job(id="j3", model="echo", inputs=["a"]))
+    (entry,) = await queue.read("echo", "c1", count=1, block_ms=100)
+    ok = encode_final(Status.SUCCEEDED, finished_ms=1, outputs=np.ones((1, 4), np.float32))
+    bad = encode_final(Status.FAILED, finished_ms=2, error=JobError("model_error", "late dup"))
+    pubsub = queue.redis.pubsub()
+    await pubsub.subscribe(keys.done_channel("j3"))
+    assert await queue.finish([Final("echo", entry.entry_id, "j3", ok)]) == [1]
+    assert await queue.finish([Final("echo", entry.entry_id, "j3", bad)]) == [0]
+    job = await queue.get("j3")
+    assert job is not None and job.status is Status.SUCCEEDED and job.error is None
+    assert 0 < await queue.redis.ttl(keys.job("j3")) <= 60
+    assert await queue.queue_depth("echo") == 0  # acked and deleted
+    assert await queue.read("echo", "c1", count=10, block_ms=None, pending=True) == []
+    messages = []
+    for _ in range(5):  # the first read may be the subscribe confirmation, which is skipped
+        m = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
+        if m is not None:
+            messages.append(m)
+    assert len(messages) == 1  # published once, not on the duplicate
+    await pubsub.aclose()
+    assert await queue.finish([Final("echo", "0-1", "gone", ok)]) == [-1]
