@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-unit test-integration lint format clean
+.PHONY: install run test test-unit test-integration lint format clean bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ test-unit: install
 
 test-integration: install
 	$(PY) -m pytest tests/integration
+
+bench: install
+	$(PIP) install -q -e '.[api,worker,dev,bench]'
+	$(VENV)/bin/inferq bench
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -26,6 +26,11 @@ def _parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", help="one device-owning worker against INFERQ_REDIS_URL")
     worker.add_argument("--model", default=None, help="model to serve (default INFERQ_MODEL)")
+    bench = sub.add_parser("bench", help="measure inferq against the alternatives (see bench/)")
+    bench.add_argument("args", nargs=argparse.REMAINDER)
+
+    cal = sub.add_parser("calibrate", help="measure memory per padded token on a device")
+    cal.add_argument("args", nargs=argparse.REMAINDER)
     return p
 
 
@@ -38,6 +43,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as e:
         print(f"inferq: invalid configuration:\n{e}", file=sys.stderr)
         return 2
+    if args.command == "bench":
+        from inferq.bench import main as bench_main
+
+        return bench_main(args.args)
+    if args.command == "calibrate":
+        from worker.calibrate import main as calibrate_main
+
+        return calibrate_main(settings, args.args)
     if args.command == "api":
         from api.main import main as api_main
 

@@ -110,6 +110,53 @@ class Settings(BaseSettings):
     heartbeat_ttl_s: float = Field(
         5.0, gt=0, description="A worker is dead this long after its last beat."
     )
+    backend: Literal["torch", "onnx"] = Field(
+        "torch", description="minilm runtime: torch or ONNX Runtime."
+    )
+    onnx_variant: Literal["fp32", "int8"] = Field(
+        "fp32",
+        description="ONNX weights: fp32, or int8 dynamic quantization (faster on CPU, ~0.3% quality).",
+    )
+    memory_budget: str | None = Field(
+        None,
+        description="Device memory the worker may use: bytes ('6GiB', '512MiB') or a fraction of the "
+        "device ('0.8'). Turned into the token ceiling by the calibration; INFERQ_MAX_BATCH_TOKENS, "
+        "when set explicitly, overrides it.",
+    )
+    snapshot_at: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="CUDA only: dump a memory snapshot when usage passes this fraction.",
+    )
+    snapshot_cooldown_s: float = Field(
+        300.0, gt=0, description="At most one snapshot per cooldown."
+    )
+    ceiling_recover_after: int = Field(
+        50, gt=0, description="Successful batches before a lowered live ceiling is raised one step."
+    )
+    worker_metrics_port: int = Field(0, ge=0, description="Worker Prometheus port; 0 = off.")
+    visibility_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="An entry idle this long is taken over from its (dead) worker. Live workers keep "
+        "their entries fresh, so this only bounds how long a crash delays a job.",
+    )
+    max_deliveries: int = Field(
+        3, gt=0, description="Deliveries before a job is dead-lettered (poisoned)."
+    )
+    job_timeout_s: float = Field(
+        300.0, gt=0, description="Default deadline of a job (body: timeout_s)."
+    )
+    max_queue: int = Field(
+        10_000, gt=0, description="Items waiting per model before submits get 429: bounds latency."
+    )
+    api_keys: SecretStr | None = Field(
+        None, description="'tenant:key,...' or '@/path/file' (one pair per line). Unset = open API."
+    )
+    idempotency_ttl_s: int = Field(
+        86_400, gt=0, description="How long an Idempotency-Key is remembered."
+    )
     echo_batch_delay_ms: float = Field(0.0, ge=0, description="echo model: sleep per batch.")
     echo_token_delay_ms: float = Field(0.0, ge=0, description="echo model: sleep per padded token.")
 

@@ -24,6 +24,12 @@ def build_model(spec: ModelSpec, settings: Settings) -> Model:
         from worker.models.echo import EchoModel
 
         return EchoModel(settings.echo_batch_delay_ms, settings.echo_token_delay_ms)
+    if spec.target == "minilm" and settings.backend == "onnx":
+        from worker.models.minilm_onnx import MiniLMOnnx
+
+        return MiniLMOnnx(
+            settings.model_path, variant=settings.onnx_variant, cache_dir=settings.data_dir / "onnx"
+        )
     if spec.target == "minilm":
         from worker.models.minilm import MiniLM
 
