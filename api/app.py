@@ -8,7 +8,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api import errors, health, jobs
+from api import errors, health, jobs, observability, status
+from api.auth import load_api_keys
 from api.limits import BodyLimit
 from api.notifier import Notifier
 from api.service import JobService
@@ -33,6 +34,8 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.redis = redis
         app.state.jobs = JobService(settings, queue, notifier)
         log.info("api ready: models=%s", ",".join(sorted(settings.served_models)))
+        if not app.state.api_keys:
+            log.warning("INFERQ_API_KEYS is not set: the API is open to anyone who can reach it")
         try:
             yield
         finally:
@@ -47,8 +50,11 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.api_keys = load_api_keys(settings)
     errors.install(app)
     app.include_router(jobs.router)
     app.include_router(health.router)
+    app.include_router(observability.router)
+    app.include_router(status.router)
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)
     return app

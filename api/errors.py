@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.limits import BodyLimit, BodyTooLarge
 from api.responses import FastJSON, error_body
-from shared.errors import CodecError, QueueUnavailable, RequestError
+from shared.errors import CodecError, Overloaded, QueueUnavailable, RequestError, Unauthorized
 
 log = logging.getLogger("inferq.api")
 
@@ -34,7 +34,12 @@ async def _validation(request: Request, exc: RequestValidationError) -> FastJSON
 
 async def _request_error(request: Request, exc: RequestError) -> FastJSON:
     log.info("rejected %s %s: %s %s", request.method, request.url.path, exc.code, exc)
-    return FastJSON(error_body(exc.code, str(exc)), status_code=exc.status_code)
+    headers: dict[str, str] = {}
+    if isinstance(exc, Overloaded):
+        headers["Retry-After"] = str(exc.retry_after_s)
+    elif isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = "Bearer"
+    return FastJSON(error_body(exc.code, str(exc)), status_code=exc.status_code, headers=headers)
 
 
 async def _unavailable(request: Request, exc: Exception) -> FastJSON:

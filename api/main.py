@@ -3,24 +3,42 @@
 from __future__ import annotations
 
 import logging
+from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 
 from api.app import create_app
 from shared.logs import setup_logging
 from shared.settings import Settings
 
 
+class _Server(uvicorn.Server):
+    """On SIGTERM/SIGINT, open long-polls answer with the current state before uvicorn
+    waits for in-flight requests, so shutdown never cuts a waiting client off."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self._app = app
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        jobs = getattr(self._app.state, "jobs", None)
+        if jobs is not None:
+            jobs.shutdown()
+        super().handle_exit(sig, frame)
+
+
 def main(settings: Settings, host: str, port: int) -> int:
     setup_logging(settings.log_level, settings.log_format)
     app = create_app(settings)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=10,
         log_level=logging.getLevelName(logging.getLogger().level).lower(),
     )
+    _Server(config, app).run()
     return 0

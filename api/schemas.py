@@ -15,6 +15,16 @@ class SubmitRequest(BaseModel):
     inputs: list[str] | None = Field(None, description="Texts to run; one output each, in order.")
     input: str | None = Field(None, description="A single text (same as inputs=[input]).")
     model: str | None = Field(None, description="Model name; default is the server's INFERQ_MODEL.")
+    priority: Literal["high", "normal", "low"] = Field(
+        "normal",
+        description="Lane: high is served first; lower lanes still get a share (no starvation).",
+    )
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=86_400,
+        description="Deadline from now; default INFERQ_JOB_TIMEOUT_S. Past it: expired.",
+    )
 
     @model_validator(mode="after")
     def _one_of(self) -> SubmitRequest:
@@ -64,6 +74,8 @@ class JobView(BaseModel):
     outputs: list[list[float]] | None = None
     error: ErrorBody | None = None
     timings: Timings
+    position: int | None = Field(None, description="Jobs ahead of this one (while queued).")
+    eta_ms: int | None = Field(None, description="Estimated time to result (while queued).")
 
 
 class ErrorResponse(BaseModel):

@@ -43,6 +43,26 @@ class ModelNotServed(RequestError):
     code = "model_not_found"
 
 
+class Unauthorized(RequestError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class JobConflict(RequestError):
+    status_code = 409
+    code = "conflict"
+
+
+class Overloaded(RequestError):
+    status_code = 429
+    code = "overloaded"
+
+    def __init__(self, message: str, retry_after_s: int, reason: str = "queue_full") -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.reason = reason
+
+
 class InputRejected(RequestError):
     code = "input_rejected"
 

@@ -60,6 +60,8 @@ class Job:
     inputs: list[str]
     status: Status = Status.QUEUED
     tenant: str = ""
+    priority: str = "normal"
+    entry: str = ""  # stream entry id of the current delivery (set by the submit script)
     created_ms: int = field(default_factory=now_ms)
     deadline_ms: int = 0
     started_ms: int | None = None
@@ -110,8 +112,10 @@ def encode_submit(job: Job) -> dict[str, bytes]:
         "id": _pack(job.id),
         "model": _pack(job.model),
         "tenant": _pack(job.tenant),
+        "priority": _pack(job.priority),
         "status": _pack(str(job.status)),
         "inputs": _pack(job.inputs),
+        "items": _pack(len(job.inputs)),
         "created_ms": _pack(job.created_ms),
         "deadline_ms": _pack(job.deadline_ms),
         "attempts": _pack(job.attempts),
@@ -159,6 +163,8 @@ def decode_job(raw: dict[bytes, bytes]) -> Job:
             inputs=f.get("inputs", []),
             status=Status(f["status"]),
             tenant=f.get("tenant", ""),
+            priority=f.get("priority", "normal"),
+            entry=f.get("entry", ""),
             created_ms=f["created_ms"],
             deadline_ms=f.get("deadline_ms", 0),
             started_ms=f.get("started_ms"),

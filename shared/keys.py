@@ -2,7 +2,9 @@
 
 | builder                | type    | lifetime                                   |
 |------------------------|---------|--------------------------------------------|
-| `stream(model)`        | stream  | forever; entries deleted once acked         |
+| `stream(model, lane)`  | stream  | forever; entries deleted once acked         |
+| `queued_items(model)`  | string  | counter: items accepted and not yet final    |
+| `idempotency(t, h)`    | string  | job id for (tenant, key hash), `idempotency_ttl_s` |
 | `GROUP`                | group   | consumer group on each stream               |
 | `job(job_id)`          | hash    | `result_ttl_s` once final, else until final |
 | `done_channel(job_id)` | pub/sub | message = "final" when the job is final      |
@@ -17,11 +19,30 @@ from __future__ import annotations
 PREFIX = "inferq"
 GROUP = "workers"
 DONE_PATTERN = f"{PREFIX}:done:*"
+#: Priority lanes, highest first; each is its own stream with its own consumer group.
+LANES = ("high", "normal", "low")
 
 
-def stream(model: str) -> str:
-    """The job stream of one model: entries `{job: <id>}`."""
-    return f"{PREFIX}:{model}:jobs"
+def stream(model: str, lane: str = "normal") -> str:
+    """The job stream of one model and priority lane: entries `{job: <id>}`."""
+    if lane not in LANES:
+        raise ValueError(f"unknown lane {lane!r}; lanes are {LANES}")
+    return f"{PREFIX}:{model}:jobs" if lane == "normal" else f"{PREFIX}:{model}:jobs:{lane}"
+
+
+def streams(model: str) -> list[str]:
+    """All lanes of one model, highest priority first."""
+    return [stream(model, lane) for lane in LANES]
+
+
+def queued_items(model: str) -> str:
+    """Items accepted for `model` and not yet final: the admission counter."""
+    return f"{PREFIX}:{model}:queued_items"
+
+
+def idempotency(tenant: str, key_hash: str) -> str:
+    """Maps a client's Idempotency-Key (hashed) to the job it created."""
+    return f"{PREFIX}:idem:{tenant or '-'}:{key_hash}"
 
 
 def dead(model: str) -> str:

@@ -1,10 +1,14 @@
 """The queue client: how jobs enter Redis, get claimed, and become final.
 
 Writes that matter are Lua scripts, so each is atomic and safe to retry:
-- `submit`: record + stream entry together, a no-op if the job id already exists;
-- `claim`: a worker marks jobs running (only from `queued`) and reads them in one trip;
-- `finish`: writes the final fields, sets the TTL and publishes, unless the job is
-  already final, so a duplicate delivery after a crash can never clobber a result.
+- `submit`: admission cap + idempotency key + record + stream entry, all or nothing; a
+  no-op if the job id (or the idempotency key) already exists;
+- `claim`: a worker marks jobs running (only from `queued`), counts the delivery on the
+  broker (`attempts`), and reads them, in one trip;
+- `finish`: writes the final fields, sets the TTL, releases the admission count and
+  publishes, unless the job is already final: a duplicate delivery after a crash can
+  never clobber a result, and the result is published once;
+- `hand_back`: a stopping worker re-queues a job it never started, at once.
 Order on the worker is result → notify → XACK (reliability guide #7).
 """
 
@@ -21,11 +25,22 @@ from shared.jobs import FINAL, Job, decode_job, encode_submit, pack_field
 
 _FINAL_LUA = "{" + ", ".join(f"['{s}']=true" for s in sorted(FINAL)) + "}"
 
+# KEYS: job, stream, counter[, idempotency]. ARGV: id, items, max_queue, idem_ttl_s, fields...
+# Returns {status, value}: ok → entry id; dup → existing job id; full → current depth.
 SUBMIT_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
-redis.call('XADD', KEYS[2], '*', 'job', ARGV[1])
-return 1
+if #KEYS == 4 then
+  local prior = redis.call('GET', KEYS[4])
+  if prior then return {'dup', prior} end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', ARGV[1]} end
+local depth = tonumber(redis.call('GET', KEYS[3]) or '0')
+if depth + tonumber(ARGV[2]) > tonumber(ARGV[3]) then return {'full', tostring(depth)} end
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+local eid = redis.call('XADD', KEYS[2], '*', 'job', ARGV[1])
+redis.call('HSET', KEYS[1], 'entry', cmsgpack.pack(eid))
+redis.call('INCRBY', KEYS[3], ARGV[2])
+if #KEYS == 4 then redis.call('SET', KEYS[4], ARGV[1], 'EX', ARGV[4]) end
+return {'ok', eid}
 """
 
 # ARGV[1] = packed now_ms. Returns one HGETALL-style array per key ({} if missing).
@@ -36,13 +51,14 @@ for i, key in ipairs(KEYS) do
   if not raw then
     out[i] = {}
   else
-    local attempts = redis.call('HGET', key, 'attempts')
-    local n = attempts and cmsgpack.unpack(attempts) or 0
-    if cmsgpack.unpack(raw) == 'queued' then
-      redis.call('HSET', key, 'status', cmsgpack.pack('running'), 'started_ms', ARGV[1],
-                 'attempts', cmsgpack.pack(n + 1))
-    elseif not FINAL[cmsgpack.unpack(raw)] then
-      redis.call('HSET', key, 'attempts', cmsgpack.pack(n + 1))
+    local status = cmsgpack.unpack(raw)
+    if not FINAL[status] then
+      local attempts = redis.call('HGET', key, 'attempts')
+      local n = (attempts and cmsgpack.unpack(attempts) or 0) + 1
+      redis.call('HSET', key, 'attempts', cmsgpack.pack(n))
+      if status == 'queued' then
+        redis.call('HSET', key, 'status', cmsgpack.pack('running'), 'started_ms', ARGV[1])
+      end
     end
     out[i] = redis.call('HGETALL', key)
   end
@@ -50,16 +66,39 @@ end
 return out
 """
 
-# KEYS[1] = job; ARGV[1] = ttl_s, ARGV[2] = channel, ARGV[3..] = field/value pairs.
-# Returns 1 written, 0 already final (nothing changed), -1 no such job.
+# KEYS: job, counter. ARGV: ttl_s, channel, only_if_queued (0|1), fields...
+# Returns 1 written, 0 already final, 2 not queued (only_if_queued), -1 no such job.
 FINISH_LUA = """
 local raw = redis.call('HGET', KEYS[1], 'status')
 if not raw then return -1 end
-if FINAL[cmsgpack.unpack(raw)] then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+local status = cmsgpack.unpack(raw)
+if FINAL[status] then return 0 end
+if ARGV[3] == '1' and status ~= 'queued' then return 2 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
+local items = redis.call('HGET', KEYS[1], 'items')
+if items then
+  if redis.call('DECRBY', KEYS[2], cmsgpack.unpack(items)) < 0 then redis.call('SET', KEYS[2], 0) end
+end
 redis.call('PUBLISH', ARGV[2], 'final')
 return 1
+"""
+
+# KEYS: job, stream. ARGV: group, old entry id, job id.
+# Re-queues a not-final job at the tail without counting the delivery; acks the old entry.
+HAND_BACK_LUA = """
+local raw = redis.call('HGET', KEYS[1], 'status')
+if raw and not FINAL[cmsgpack.unpack(raw)] then
+  local attempts = redis.call('HGET', KEYS[1], 'attempts')
+  local n = math.max((attempts and cmsgpack.unpack(attempts) or 1) - 1, 0)
+  local eid = redis.call('XADD', KEYS[2], '*', 'job', ARGV[3])
+  redis.call('HSET', KEYS[1], 'status', cmsgpack.pack('queued'), 'attempts', cmsgpack.pack(n),
+             'entry', cmsgpack.pack(eid))
+  redis.call('HDEL', KEYS[1], 'started_ms')
+end
+redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[2], ARGV[2])
+return raw and 1 or 0
 """
 
 
@@ -71,6 +110,7 @@ def _with_final(body: str) -> str:
 class Entry:
     """One stream entry as read by a worker."""
 
+    stream: str
     entry_id: str
     job_id: str
 
@@ -80,9 +120,25 @@ class Final:
     """A final outcome to write for one job, with the stream entry to ack after it."""
 
     model: str
+    stream: str
     entry_id: str
     job_id: str
     fields: dict[str, bytes]
+    dead_letter: bool = False
+
+
+@dataclass(slots=True)
+class Submitted:
+    """What `submit` did: `created`, or `duplicate` of `job_id`, or `full` at `depth`."""
+
+    outcome: str
+    job_id: str = ""
+    entry_id: str = ""
+    depth: int = 0
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class JobQueue:
@@ -94,56 +150,127 @@ class JobQueue:
         self._submit = redis.register_script(SUBMIT_LUA)
         self._claim = redis.register_script(_with_final(CLAIM_LUA))
         self._finish = redis.register_script(_with_final(FINISH_LUA))
+        self._hand_back = redis.register_script(_with_final(HAND_BACK_LUA))
 
     # --- API side ---
-    async def submit(self, job: Job) -> bool:
-        """Record + enqueue atomically; False if that id already exists (retry-safe)."""
-        fields = encode_submit(job)
-        argv: list[bytes | str] = [job.id]
-        for k, v in fields.items():
+    async def submit(
+        self,
+        job: Job,
+        *,
+        max_queue: int = 2**62,
+        idempotency_key: str | None = None,
+        idempotency_ttl_s: int = 86_400,
+    ) -> Submitted:
+        """Admit, record and enqueue atomically (retry-safe: keyed by job id / idempotency key)."""
+        argv: list[bytes | str | int] = [job.id, len(job.inputs), max_queue, idempotency_ttl_s]
+        for k, v in encode_submit(job).items():
             argv += [k, v]
-        done = await self._submit(keys=[keys.job(job.id), keys.stream(job.model)], args=argv)
-        return bool(done)
+        script_keys = [
+            keys.job(job.id),
+            keys.stream(job.model, job.priority),
+            keys.queued_items(job.model),
+        ]
+        if idempotency_key is not None:
+            script_keys.append(keys.idempotency(job.tenant, idempotency_key))
+        outcome, value = await self._submit(keys=script_keys, args=argv)
+        outcome, value = _s(outcome), _s(value)
+        if outcome == "ok":
+            job.entry = value
+            return Submitted("created", job.id, value)
+        if outcome == "dup":
+            return Submitted("duplicate", value)
+        return Submitted("full", depth=int(value))
 
     async def get(self, job_id: str) -> Job | None:
         raw = await self.redis.hgetall(keys.job(job_id))
         return decode_job(raw) if raw else None
 
+    async def cancel(self, job: Job, fields: dict[str, bytes], *, only_if_queued: bool) -> int:
+        """Finalise a job from outside a worker (cancel/expire); same guard as `finish`."""
+        argv: list[bytes | str | int] = [
+            self.result_ttl_s, keys.done_channel(job.id), "1" if only_if_queued else "0"
+        ]  # fmt: skip
+        for k, v in fields.items():
+            argv += [k, v]
+        return int(
+            await self._finish(keys=[keys.job(job.id), keys.queued_items(job.model)], args=argv)
+        )
+
     async def queue_depth(self, model: str) -> int:
-        """Jobs waiting or running: acked entries are deleted, so the stream length is it."""
-        return int(await self.redis.xlen(keys.stream(model)))
+        """Jobs waiting or running: acked entries are deleted, so stream lengths are it."""
+        async with self.redis.pipeline(transaction=False) as p:
+            for s in keys.streams(model):
+                p.xlen(s)
+            return sum(int(n) for n in await p.execute())
+
+    async def queued_items(self, model: str) -> int:
+        return int(await self.redis.get(keys.queued_items(model)) or 0)
+
+    async def position(self, job: Job, limit: int = 1000) -> int:
+        """Entries ahead of `job`: all of higher lanes plus the older ones of its own (capped)."""
+        ahead = 0
+        async with self.redis.pipeline(transaction=False) as p:
+            for lane in keys.LANES[: keys.LANES.index(job.priority)]:
+                p.xlen(keys.stream(job.model, lane))
+            if job.entry:
+                p.xrange(keys.stream(job.model, job.priority), "-", f"({job.entry}", count=limit)
+            replies = await p.execute()
+        for r in replies:
+            ahead += len(r) if isinstance(r, list) else int(r)
+        return ahead
 
     async def live_workers(self, model: str, now_ms: int) -> list[str]:
         ids = await self.redis.zrangebyscore(keys.workers(model), now_ms, "+inf")
-        return [i.decode() if isinstance(i, bytes) else i for i in ids]
+        return [_s(i) for i in ids]
+
+    async def throughput(self, model: str, now_ms: int) -> float:
+        """Items/s over the last few seconds, summed over the model's live workers."""
+        ids = await self.live_workers(model, now_ms)
+        if not ids:
+            return 0.0
+        async with self.redis.pipeline(transaction=False) as p:
+            for i in ids:
+                p.hget(keys.worker(i), "items_per_s")
+            values = await p.execute()
+        return sum(float(v) for v in values if v)
 
     # --- worker side ---
     async def ensure_group(self, model: str) -> None:
-        """Create stream and group if missing; BUSYGROUP means another worker did."""
-        try:
-            await self.redis.xgroup_create(keys.stream(model), keys.GROUP, id="0", mkstream=True)
-        except ResponseError as e:
-            if "BUSYGROUP" not in str(e):
-                raise
+        """Create streams and group if missing; BUSYGROUP means another worker did."""
+        for s in keys.streams(model):
+            try:
+                await self.redis.xgroup_create(s, keys.GROUP, id="0", mkstream=True)
+            except ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
 
     async def read(
-        self, model: str, consumer: str, *, count: int, block_ms: int | None, pending: bool = False
+        self,
+        model: str,
+        consumer: str,
+        *,
+        count: int,
+        block_ms: int | None,
+        pending: bool = False,
+        lanes: Sequence[str] = keys.LANES,
     ) -> list[Entry]:
-        """XREADGROUP: new entries ('>'), or this consumer's own unacked ones ('0')."""
+        """XREADGROUP over `lanes` in order: new entries ('>'), or our own unacked ('0')."""
+        streams = {keys.stream(model, lane): "0" if pending else ">" for lane in lanes}
         reply = await self.redis.xreadgroup(
-            keys.GROUP,
-            consumer,
-            {keys.stream(model): "0" if pending else ">"},
-            count=count,
-            block=None if pending else block_ms,
+            keys.GROUP, consumer, streams, count=count, block=None if pending else block_ms
         )
+        return self._entries(reply)
+
+    @staticmethod
+    def _entries(reply: object) -> list[Entry]:
         entries: list[Entry] = []
-        for _stream, items in reply or []:
+        if isinstance(reply, dict):  # RESP3 shape
+            reply = [(k, v[0] if v and isinstance(v[0], list) else v) for k, v in reply.items()]
+        for stream, items in reply or []:  # type: ignore[attr-defined]
             for entry_id, fields in items:
-                eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
                 job_id = (fields or {}).get(b"job")
                 # A deleted entry still in the PEL reads back with no fields.
-                entries.append(Entry(eid, job_id.decode() if job_id else ""))
+                entries.append(Entry(_s(stream), _s(entry_id), job_id.decode() if job_id else ""))
         return entries
 
     async def claim(self, job_ids: Sequence[str], now_ms: int) -> list[Job | None]:
@@ -159,28 +286,94 @@ class JobQueue:
             out.append(decode_job(dict(zip(flat[::2], flat[1::2], strict=True))))
         return out
 
-    async def ack(self, model: str, entry_ids: Sequence[str]) -> None:
-        if entry_ids:
+    async def take_over(
+        self,
+        model: str,
+        consumer: str,
+        *,
+        dead: Sequence[str],
+        dead_idle_ms: int,
+        stuck_idle_ms: int,
+    ) -> list[Entry]:
+        """Claim entries of dead consumers (their heartbeat is gone) and of stuck ones.
+
+        The min-idle guard makes racing live workers safe: once one has claimed an entry
+        its idle time resets, and the others' XCLAIM skips it.
+        """
+        taken: list[Entry] = []
+        for s in keys.streams(model):
+            ids: list[str] = []
+            for name in dead:
+                pending = await self.redis.xpending_range(
+                    s, keys.GROUP, "-", "+", 1000, consumername=name
+                )
+                ids += [_s(p["message_id"]) for p in pending]
+            if ids:
+                claimed = await self.redis.xclaim(s, keys.GROUP, consumer, dead_idle_ms, ids)
+                taken += self._entries([(s, claimed)])
+            cursor = "0-0"
+            for _ in range(10):  # bounded per pass; the next pass continues
+                reply = await self.redis.xautoclaim(
+                    s, keys.GROUP, consumer, stuck_idle_ms, start_id=cursor, count=100
+                )
+                cursor, claimed = _s(reply[0]), reply[1]
+                taken += self._entries([(s, claimed)])
+                # reply[2] lists ids deleted while pending: XAUTOCLAIM already dropped them.
+                if cursor == "0-0":
+                    break
+        return taken
+
+    async def consumers(self, model: str) -> dict[str, int]:
+        """Consumer name → pending count, over all lanes."""
+        out: dict[str, int] = {}
+        for s in keys.streams(model):
+            try:
+                for c in await self.redis.xinfo_consumers(s, keys.GROUP):
+                    name = _s(c["name"])
+                    out[name] = out.get(name, 0) + int(c.get("pending", 0))
+            except ResponseError:
+                continue
+        return out
+
+    async def ack(self, entries: Sequence[Entry]) -> None:
+        if entries:
             async with self.redis.pipeline(transaction=False) as p:
-                p.xack(keys.stream(model), keys.GROUP, *entry_ids)
-                p.xdel(keys.stream(model), *entry_ids)
+                for e in entries:
+                    p.xack(e.stream, keys.GROUP, e.entry_id)
+                    p.xdel(e.stream, e.entry_id)
                 await p.execute()
 
+    async def hand_back(self, entries: Sequence[Entry]) -> None:
+        async with self.redis.pipeline(transaction=False) as p:
+            for e in entries:
+                await self._hand_back(
+                    keys=[keys.job(e.job_id), e.stream],
+                    args=[keys.GROUP, e.entry_id, e.job_id],
+                    client=p,
+                )
+            await p.execute()
+
     async def finish(self, finals: Sequence[Final]) -> list[int]:
-        """Write every final outcome, then ack their entries: one round trip in all."""
+        """Write every final outcome, then ack their entries: one atomic round trip in all
+        (MULTI/EXEC, so a dead-letter entry, the final state and the ack land together)."""
         if not finals:
             return []
-        async with self.redis.pipeline(transaction=False) as p:
+        async with self.redis.pipeline(transaction=True) as p:
             for f in finals:
-                argv: list[bytes | str | int] = [self.result_ttl_s, keys.done_channel(f.job_id)]
+                argv: list[bytes | str | int] = [
+                    self.result_ttl_s,
+                    keys.done_channel(f.job_id),
+                    "0",
+                ]
                 for k, v in f.fields.items():
                     argv += [k, v]
-                await self._finish(keys=[keys.job(f.job_id)], args=argv, client=p)
-            by_model: dict[str, list[str]] = {}
+                await self._finish(
+                    keys=[keys.job(f.job_id), keys.queued_items(f.model)], args=argv, client=p
+                )
             for f in finals:
-                by_model.setdefault(f.model, []).append(f.entry_id)
-            for model, ids in by_model.items():
-                p.xack(keys.stream(model), keys.GROUP, *ids)
-                p.xdel(keys.stream(model), *ids)
+                if f.dead_letter:
+                    p.xadd(keys.dead(f.model), {"job": f.job_id, "entry": f.entry_id})
+                p.xack(f.stream, keys.GROUP, f.entry_id)
+                p.xdel(f.stream, f.entry_id)
             results = await p.execute()
         return [int(r) for r in results[: len(finals)]]

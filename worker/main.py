@@ -8,9 +8,13 @@ import logging
 import signal
 import time
 
+from prometheus_client import start_http_server
+
 from shared.logs import setup_logging
+from shared.metrics import worker_metrics
 from shared.redis_conn import worker_client
 from shared.settings import ModelSpec, Settings
+from worker.heartbeat import calibration_json
 from worker.models.base import Model
 from worker.models.registry import build_model
 from worker.service import Worker
@@ -45,9 +49,41 @@ def load_model(spec: ModelSpec, settings: Settings, device: str) -> Model:
     return model
 
 
-async def serve(settings: Settings, model: Model, model_name: str, device: str) -> None:
+def resolve_ceiling(
+    settings: Settings, model: Model, model_name: str, device: str
+) -> tuple[int, str, str]:
+    """The token ceiling to start with, why, and the calibration it came from (JSON or "")."""
+    max_cost = getattr(model, "max_cost", None) or 1
+    try:
+        from worker.calibrate import load_calibration
+        from worker.calibrate import resolve_ceiling as from_calibration
+    except ImportError:
+        return settings.max_batch_tokens, "INFERQ_MAX_BATCH_TOKENS", ""
+    ceiling, reason = from_calibration(settings, model_name, device, max_cost)
+    cal = load_calibration(settings.data_dir, model_name, settings.backend, device)
+    return (
+        ceiling,
+        reason,
+        calibration_json(cal.to_dict() if cal is not None and hasattr(cal, "to_dict") else None),
+    )
+
+
+async def serve(
+    settings: Settings, model: Model, model_name: str, device: str, backend: str
+) -> None:
     redis = worker_client(settings.redis_url.get_secret_value(), block_ms=settings.read_block_ms)
-    worker = Worker(settings, model, model_name, redis, device=device)
+    ceiling, reason, calibration = resolve_ceiling(settings, model, model_name, device)
+    log.info("token ceiling %d: %s", ceiling, reason)
+    metrics = worker_metrics()
+    metrics.token_ceiling.set(ceiling)
+    if settings.worker_metrics_port:
+        start_http_server(settings.worker_metrics_port, registry=metrics.registry)
+        log.info("worker metrics on :%d/metrics", settings.worker_metrics_port)
+    worker = Worker(
+        settings, model, model_name, redis, device=device, ceiling=ceiling, ceiling_reason=reason,
+        metrics=metrics, backend=backend,
+    )  # fmt: skip
+    worker.heartbeat.calibration = calibration
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
@@ -64,5 +100,7 @@ def main(settings: Settings, model: str | None = None) -> int:
         spec = settings.served_models[spec.name]
     device = resolve_device(settings.device)
     loaded = load_model(spec, settings, device)
-    asyncio.run(serve(settings, loaded, spec.name, device))
+    # The backend only means something for built-in models; a user's model is its own runtime.
+    backend = settings.backend if spec.target == "minilm" else spec.target
+    asyncio.run(serve(settings, loaded, spec.name, device, backend))
     return 0

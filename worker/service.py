@@ -1,15 +1,17 @@
-"""The worker: Redis → batcher → model → Redis, as three tasks joined by bounded queues.
+"""The worker: Redis → batcher → model → Redis, as tasks joined by bounded queues.
 
-- consume: XREADGROUP (own PEL first, then new entries) → claim jobs → prepare items →
-  batcher. It stops reading while `prefetch_limit` items are held, so one worker never
-  hoards the queue and the rest stays claimable by other workers.
+- consume: XREADGROUP lane by lane (own PEL first), plus a take-over pass that claims
+  the entries of dead or stuck workers → claim jobs → prepare items → batcher. Reading
+  stops while `prefetch_limit` items are held, so one worker never hoards the queue.
 - run: the batcher decides when a batch is due; the model runs in one dedicated thread
   so the event loop (reads, publishing, heartbeats) stays live during device work.
-- publish: finished jobs are written, announced and acked in one pipelined round trip.
+  Expired and cancelled jobs are dropped before they cost device time.
+- publish: finished jobs are written, announced and acked in one atomic round trip.
   If Redis is down, results are kept and posted when it is back.
 
 Every item gets exactly one outcome: a failing batch is split until the guilty item is
-alone, and only that item's job fails (`model_error`).
+alone (`model_error`); a batch that runs out of memory is split and the live ceiling
+lowered, and an item that cannot fit alone fails its own job (`too_large`).
 """
 
 from __future__ import annotations
@@ -17,13 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 from redis.asyncio import Redis
@@ -32,15 +31,21 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared import keys
-from shared.jobs import Job, JobError, Status, encode_final, now_ms
+from shared.jobs import Job, JobError, Status, encode_final, now_ms, pack_field
+from shared.metrics import WorkerMetrics
 from shared.queue import Entry, Final, JobQueue
 from shared.settings import Settings
 from worker.batcher import Batch, Batcher, Item
-from worker.models.base import Model, ModelError
+from worker.ceiling import LiveCeiling
+from worker.heartbeat import Heartbeat
+from worker.lanes import lane_order
+from worker.models.base import DeviceOutOfMemory, Model, ModelError
+from worker.stats import Stats
 
 log = logging.getLogger("inferq.worker")
 
 REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+_NOT_FINAL = {pack_field(str(s)) for s in Status if not s.is_final}
 
 
 @dataclass(eq=False, slots=True)
@@ -48,34 +53,39 @@ class JobState:
     """One job held by this worker until its last item has an outcome."""
 
     job: Job
-    entry_id: str
+    entry: Entry
     remaining: int
     outputs: np.ndarray | None = None
     error: JobError | None = None
+    final_status: Status | None = None
     batch_size: int = 0
     batch_tokens: int = 0
+    started_items: int = 0
+    dead_letter: bool = False
+    solo_items: list[Item] | None = None
 
 
-@dataclass(slots=True)
-class Stats:
-    batches: int = 0
-    items: int = 0
-    jobs_done: int = 0
-    jobs_failed: int = 0
-    splits: int = 0
-    last_batch_size: int = 0
-    last_batch_tokens: int = 0
-    last_batch_at_ms: int = 0
-    recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=512))
+def release_device_cache(device: str) -> None:
+    """After an OOM only: hand cached blocks back so the retry sees the memory."""
+    if device.startswith("cuda"):
+        import torch
 
-    def items_per_s(self, window_s: float = 10.0) -> float:
-        cutoff = time.monotonic() - window_s
-        return sum(n for t, n in self.recent if t >= cutoff) / window_s
+        torch.cuda.empty_cache()
 
 
 class Worker:
     def __init__(
-        self, settings: Settings, model: Model, model_name: str, redis: Redis, *, device: str
+        self,
+        settings: Settings,
+        model: Model,
+        model_name: str,
+        redis: Redis,
+        *,
+        device: str,
+        ceiling: int | None = None,
+        ceiling_reason: str = "",
+        metrics: WorkerMetrics | None = None,
+        backend: str = "",
     ) -> None:
         self.settings = settings
         self.model = model
@@ -84,11 +94,17 @@ class Worker:
         self.queue = JobQueue(redis, result_ttl_s=settings.result_ttl_s)
         self.redis = redis
         self.consumer = settings.consumer_name(device, model_name)
+        max_cost = getattr(model, "max_cost", None) or 1
+        top = ceiling or settings.max_batch_tokens
+        self.ceiling = LiveCeiling(max(top, max_cost), max_cost, settings.ceiling_recover_after)
+        self.ceiling_reason = ceiling_reason
         self.batcher = Batcher(
-            settings.max_batch_tokens, settings.max_batch_size, settings.max_wait_ms / 1000
+            self.ceiling.value, settings.max_batch_size, settings.max_wait_ms / 1000
         )
+        self.metrics = metrics
         self.stats = Stats()
         self.jobs: dict[str, JobState] = {}
+        self.solo: deque[JobState] = deque()  # redelivered jobs run alone (guide #4)
         # bound: one model thread; a second would only contend for the same device.
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="inferq-model")
         self._wake = asyncio.Event()  # new items, or stop
@@ -97,12 +113,15 @@ class Worker:
         self._finished: asyncio.Queue[Final] = asyncio.Queue()
         self._stopping = asyncio.Event()
         self._running_items = 0
+        self._stale: list[Entry] = []  # entries to ack without a result (already final)
+        self.batch_started: float | None = None
+        self.heartbeat = Heartbeat(self, backend=backend)
 
     # --- lifecycle ---
     def stop(self) -> None:
-        """Stop pulling; what is held is finished and posted, then `run` returns."""
+        """Stop pulling; finish the batch in flight, hand back unstarted jobs, post, return."""
         if not self._stopping.is_set():
-            log.info("stopping: no new reads, finishing %d held items", len(self.batcher))
+            log.info("stopping: no new reads; %d items held", self.held_items())
         self._stopping.set()
         self._wake.set()
         self._room.set()
@@ -111,42 +130,48 @@ class Worker:
         started = time.monotonic()
         await self._retry_redis(self.queue.ensure_group, self.model_name)
         log.info(
-            "worker %s serving model=%s device=%s max_batch_tokens=%d max_batch_size=%d max_wait_ms=%g",
-            self.consumer, self.model_name, self.device, self.batcher.max_batch_tokens,
-            self.batcher.max_batch_size, self.settings.max_wait_ms,
+            "worker %s serving model=%s device=%s ceiling=%d (%s) max_batch_size=%d max_wait_ms=%g",
+            self.consumer, self.model_name, self.device, self.ceiling.value,
+            self.ceiling_reason or "INFERQ_MAX_BATCH_TOKENS", self.batcher.max_batch_size,
+            self.settings.max_wait_ms,
         )  # fmt: skip
-        heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
-        publisher = asyncio.create_task(self._publish_loop(), name="publish")
-        consumer = asyncio.create_task(self._consume_loop(), name="consume")
-        runner = asyncio.create_task(self._run_loop(), name="run")
+        tasks = {
+            asyncio.create_task(self.heartbeat.loop(), name="heartbeat"),
+            asyncio.create_task(self._publish_loop(), name="publish"),
+            asyncio.create_task(self._consume_loop(), name="consume"),
+            asyncio.create_task(self._run_loop(), name="run"),
+        }
+        consumer = next(t for t in tasks if t.get_name() == "consume")
+        runner = next(t for t in tasks if t.get_name() == "run")
+        handed_back = 0
         try:
             # A task that dies must take the worker down (and its heartbeat with it), never
             # leave a process that looks alive but no longer reads or publishes.
-            done, _ = await asyncio.wait(
-                {heartbeat, publisher, consumer, runner}, return_when=asyncio.FIRST_EXCEPTION
-            )
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for t in done:
-                if t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
-            await runner
+                if (exc := t.exception()) is not None:
+                    raise exc
             await consumer
+            handed_back = await runner
             await self._finished.join()
+            await self._flush_stale()
         finally:
-            runner.cancel()
-            for t in (consumer, publisher, heartbeat):
+            for t in tasks:
                 t.cancel()
-            await asyncio.gather(consumer, publisher, heartbeat, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             with contextlib.suppress(*REDIS_DOWN):
-                await self._unregister()
+                await self.heartbeat.unregister()
             self._executor.shutdown(wait=True)
         s = self.stats
         log.info(
-            "worker %s stopped after %.1fs: batches=%d items=%d jobs_ok=%d jobs_failed=%d splits=%d unposted=%d",
-            self.consumer, time.monotonic() - started, s.batches, s.items, s.jobs_done,
-            s.jobs_failed, s.splits, self._finished.qsize(),
+            "worker %s stopped after %.1fs: batches=%d items=%d jobs ok=%d failed=%d expired=%d "
+            "cancelled=%d poisoned=%d handed_back=%d taken_over=%d ooms=%d splits=%d unposted=%d",
+            self.consumer, time.monotonic() - started, s.batches, s.items, s.jobs_ok, s.jobs_failed,
+            s.jobs_expired, s.jobs_cancelled, s.jobs_poisoned, handed_back, s.taken_over, s.ooms,
+            s.splits, self._finished.qsize(),
         )  # fmt: skip
 
-    async def _retry_redis(self, fn: Any, *args: Any) -> Any:
+    async def _retry_redis(self, fn, *args):  # type: ignore[no-untyped-def]
         delay = 0.1
         while True:
             try:
@@ -159,33 +184,40 @@ class Worker:
                 delay = min(delay * 2, 5.0)
 
     # --- consume ---
-    def _held_items(self) -> int:
-        return len(self.batcher) + self._running_items
+    def held_items(self) -> int:
+        solo = sum(s.remaining for s in self.solo)
+        return len(self.batcher) + self._running_items + solo
 
     async def _consume_loop(self) -> None:
         pending = True  # start with our own PEL: entries delivered before a crash or reconnect
         delay = 0.1
-        count = max(1, self.settings.max_batch_size)
+        reads = 0
+        next_takeover = 0.0
         while not self._stopping.is_set():
-            if self._held_items() >= self.settings.prefetch_limit:
+            room = self.settings.prefetch_limit - self.held_items()
+            if room <= 0:
                 self._room.clear()
                 await self._room.wait()
                 continue
             try:
-                entries = await self.queue.read(
-                    self.model_name, self.consumer, count=count,
-                    block_ms=self.settings.read_block_ms, pending=pending,
-                )  # fmt: skip
+                if time.monotonic() >= next_takeover:
+                    next_takeover = time.monotonic() + min(
+                        1.0, self.settings.visibility_timeout_s / 3
+                    )
+                    taken = await self._take_over()
+                    if taken:
+                        await self._admit(taken)
+                        continue
+                entries = await self._read(room, pending, reads)
+                reads += 1
                 if pending and not entries:
                     pending = False
                     continue
-                if pending:
-                    # Entries we already hold come back on a PEL re-read; skip them.
-                    entries = [e for e in entries if e.job_id not in self.jobs]
-                    if not entries:
-                        pending = False
-                        continue
-                await self._admit(entries)
+                entries = [e for e in entries if e.job_id not in self.jobs]
+                if entries:
+                    await self._admit(entries)
+                elif pending:
+                    pending = False
                 delay = 0.1
             except REDIS_DOWN as e:
                 log.warning("redis read failed (%s); reconnecting in %.1fs", e, delay)
@@ -201,49 +233,134 @@ class Worker:
                 with contextlib.suppress(*REDIS_DOWN):
                     await self.queue.ensure_group(self.model_name)
 
+    async def _read(self, room: int, pending: bool, read_no: int) -> list[Entry]:
+        count = min(room, self.settings.max_batch_size)
+        if pending:
+            return await self.queue.read(
+                self.model_name, self.consumer, count=count, block_ms=None, pending=True
+            )
+        got: list[Entry] = []
+        for lane in lane_order(read_no):
+            got += await self.queue.read(
+                self.model_name, self.consumer, count=count - len(got), block_ms=None, lanes=(lane,)
+            )
+            if len(got) >= count:
+                return got
+        if got:
+            return got
+        return await self.queue.read(
+            self.model_name, self.consumer, count=count, block_ms=self.settings.read_block_ms
+        )
+
+    async def _take_over(self) -> list[Entry]:
+        """Claim entries of consumers whose heartbeat is gone, and of any stuck past the timeout."""
+        pending = await self.queue.consumers(self.model_name)
+        others = [c for c, n in pending.items() if n and c != self.consumer]
+        dead: list[str] = []
+        if others:
+            async with self.redis.pipeline(transaction=False) as p:
+                for c in others:
+                    p.exists(keys.worker(c))
+                alive = await p.execute()
+            dead = [c for c, a in zip(others, alive, strict=True) if not a]
+        # A dead worker's entries stopped being refreshed when it died; requiring half a
+        # heartbeat TTL of idleness keeps two live workers from both claiming them.
+        taken = await self.queue.take_over(
+            self.model_name, self.consumer, dead=dead,
+            dead_idle_ms=int(self.settings.heartbeat_ttl_s * 500),
+            stuck_idle_ms=int(self.settings.visibility_timeout_s * 1000),
+        )  # fmt: skip
+        taken = [e for e in taken if e.job_id not in self.jobs]
+        if taken:
+            self.stats.taken_over += len(taken)
+            log.warning(
+                "took over %d entries (dead consumers: %s)", len(taken), ", ".join(dead) or "none"
+            )
+        return taken
+
     async def _admit(self, entries: list[Entry]) -> None:
         jobs = await self.queue.claim([e.job_id for e in entries], now_ms())
-        stale: list[str] = []
         arrived = time.monotonic()
         for entry, job in zip(entries, jobs, strict=True):
             if job is None or job.status.is_final:
-                stale.append(entry.entry_id)  # record expired, or a duplicate delivery
+                self._stale.append(entry)  # record expired, cancelled, or a duplicate delivery
                 continue
             if job.id in self.jobs:
                 continue
-            try:
-                prepared = self.model.prepare(job.inputs)
-                if len(prepared) != len(job.inputs) or any(
-                    not isinstance(p.cost, int) or p.cost < 1 for p in prepared
-                ):
-                    raise ModelError(
-                        "prepare() must return one item per input, each with cost >= 1"
-                    )
-            except Exception as e:  # a bad input fails its own job before it reaches a batch
-                error = JobError("model_error", f"{type(e).__name__}: {e}")
-                self._finalize(JobState(job, entry.entry_id, 0, error=error))
-                continue
-            state = JobState(job, entry.entry_id, remaining=len(prepared))
-            if not prepared:
-                state.outputs = np.empty((0, self.model.dim), dtype=np.float32)
-                self._finalize(state)
-                continue
-            self.jobs[job.id] = state
-            for i, p in enumerate(prepared):
-                self.batcher.add(Item(key=(state, i, p.payload), cost=p.cost, arrived=arrived))
-        if stale:
-            await self.queue.ack(self.model_name, stale)
+            self._admit_job(job, entry, arrived)
+        await self._flush_stale()
         self._wake.set()
 
+    def _admit_job(self, job: Job, entry: Entry, arrived: float) -> None:
+        if job.attempts > self.settings.max_deliveries:
+            state = JobState(job, entry, 0, dead_letter=True)
+            msg = f"delivered {job.attempts} times (INFERQ_MAX_DELIVERIES={self.settings.max_deliveries})"
+            log.error("job %s poisoned: %s; dead-lettered", job.id, msg)
+            self._finalize(state, JobError("poisoned", msg), Status.FAILED)
+            return
+        if job.deadline_ms and now_ms() > job.deadline_ms:
+            self._finalize(
+                JobState(job, entry, 0),
+                JobError("expired", "deadline passed in queue"),
+                Status.EXPIRED,
+            )
+            return
+        try:
+            prepared = self.model.prepare(job.inputs)
+            if len(prepared) != len(job.inputs) or any(
+                not isinstance(p.cost, int) or p.cost < 1 for p in prepared
+            ):
+                raise ModelError("prepare() must return one item per input, each with cost >= 1")
+        except Exception as e:  # a bad input fails its own job before it reaches a batch
+            self._finalize(
+                JobState(job, entry, 0), JobError("model_error", f"{type(e).__name__}: {e}")
+            )
+            return
+        state = JobState(job, entry, remaining=len(prepared))
+        if not prepared:
+            state.outputs = np.empty((0, self.model.dim), dtype=np.float32)
+            self._finalize(state)
+            return
+        self.jobs[job.id] = state
+        items = [
+            Item(key=(state, i, p.payload), cost=p.cost, arrived=arrived)
+            for i, p in enumerate(prepared)
+        ]
+        if job.attempts > 1:
+            # Redelivered: it may be what killed the last worker. Run it alone, so it can
+            # only take itself down, not the healthy jobs it would be batched with.
+            state.solo_items = items
+            self.solo.append(state)
+            return
+        for it in items:
+            self.batcher.add(it)
+
+    async def _flush_stale(self) -> None:
+        if self._stale:
+            stale, self._stale = self._stale, []
+            try:
+                await self.queue.ack(stale)
+            except REDIS_DOWN:
+                self._stale = stale + self._stale
+                raise
+
     # --- run ---
-    async def _run_loop(self) -> None:
+    async def _run_loop(self) -> int:
+        """Run batches until stopped; returns how many jobs were handed back."""
+        handed_back = 0
         while True:
             now = time.monotonic()
+            self._expire_due()
+            if self.solo:
+                await self._run_solo(self.solo.popleft())
+                continue
             stopping = self._stopping.is_set()
+            if stopping and not handed_back:
+                handed_back = await self._hand_back_unstarted()
             batch = self.batcher.next_batch(now, force=stopping)
             if batch is None:
                 if stopping:
-                    return
+                    return handed_back
                 due = self.batcher.due_at()
                 self._wake.clear()
                 timeout = None if due is None else max(0.0, due - now)
@@ -252,30 +369,103 @@ class Worker:
                 continue
             await self._run_batch(batch)
 
-    async def _run_batch(self, batch: Batch) -> None:
-        live = [it for it in batch.items if it.key[0].error is None]
-        self._running_items = len(live)
+    async def _hand_back_unstarted(self) -> int:
+        """On stop: jobs with no item started go back to the queue now, not after a timeout."""
+        unstarted = [s for s in self.jobs.values() if s.started_items == 0 and s.error is None]
+        unstarted += [s for s in self.solo if s.started_items == 0]
+        if not unstarted:
+            return 0
+        ids = {id(s) for s in unstarted}
+        self.batcher.remove(lambda it: id(it.key[0]) in ids)
+        self.solo = deque(s for s in self.solo if id(s) not in ids)
+        for s in unstarted:
+            self.jobs.pop(s.job.id, None)
         try:
-            await self._run_items(live, queue_depth=len(self.batcher))
+            await self.queue.hand_back([s.entry for s in unstarted])
+        except REDIS_DOWN as e:  # they stay in our PEL: a restart or take-over gets them
+            log.warning("could not hand back %d jobs (%s)", len(unstarted), e)
+        log.info("handed back %d unstarted jobs", len(unstarted))
+        return len(unstarted)
+
+    def _expire_due(self) -> None:
+        now = now_ms()
+        for state in [
+            s for s in self.jobs.values() if s.job.deadline_ms and now > s.job.deadline_ms
+        ]:
+            self._fail(
+                state, JobError("expired", "deadline passed before it could run"), Status.EXPIRED
+            )
+
+    async def _run_solo(self, state: JobState) -> None:
+        if state.error is not None:
+            return
+        solo = Batcher(self.ceiling.value, self.batcher.max_batch_size, 0.0)
+        for it in state.solo_items or ():
+            solo.add(it)
+        while (batch := solo.next_batch(time.monotonic(), force=True)) is not None:
+            await self._run_batch(batch)
+
+    async def _drop_cancelled(self, batch: Batch) -> list[Item]:
+        """Drop items of jobs finalised elsewhere (cancelled) since we read them."""
+        states = list(
+            {id(it.key[0]): it.key[0] for it in batch.items if it.key[0].error is None}.values()
+        )
+        try:
+            async with self.redis.pipeline(transaction=False) as p:
+                for s in states:
+                    p.hget(keys.job(s.job.id), "status")
+                statuses = await p.execute()
+        except REDIS_DOWN:
+            statuses = [None] * len(states)  # cannot check: run them; finish stays guarded
+        for s, raw in zip(states, statuses, strict=True):
+            if raw is not None and raw not in _NOT_FINAL:
+                self._drop(s)
+        return [
+            it for it in batch.items if it.key[0].error is None and it.key[0].final_status is None
+        ]
+
+    def _drop(self, state: JobState) -> None:
+        """Someone else made this job final (e.g. DELETE): forget it, ack its entry."""
+        state.final_status = Status.CANCELLED
+        self.stats.jobs_cancelled += 1
+        self.jobs.pop(state.job.id, None)
+        self.batcher.remove(lambda it: it.key[0] is state)
+        self._stale.append(state.entry)
+
+    async def _run_batch(self, batch: Batch) -> None:
+        live = await self._drop_cancelled(batch)
+        self._running_items = len(live)
+        self.batch_started = time.monotonic()
+        try:
+            await self._run_items(live)
         finally:
             self._running_items = 0
+            self.batch_started = None
             self._room.set()
 
-    async def _run_items(self, items: list[Item], *, queue_depth: int) -> None:
+    async def _run_items(self, items: list[Item]) -> None:
+        items = [it for it in items if it.key[0].error is None and it.key[0].final_status is None]
         if not items:
             return
         padded = len(items) * max(it.cost for it in items)
-        payloads = [it.key[2] for it in items]
+        if padded > self.ceiling.value and len(items) > 1:
+            await self._split(items)  # the ceiling dropped since this batch was packed
+            return
+        for it in items:
+            it.key[0].started_items += 1
         t0 = time.perf_counter()
         try:
             out = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self.model.run, payloads
+                self._executor, self.model.run, [it.key[2] for it in items]
             )
             out = np.asarray(out, dtype=np.float32)
             if out.ndim != 2 or out.shape[0] != len(items):
                 raise ModelError(
                     f"model returned {out.shape} for {len(items)} inputs: return one row per input"
                 )
+        except DeviceOutOfMemory as e:
+            await self._on_oom(items, padded, e)
+            return
         except Exception as e:
             if len(items) == 1:
                 state = items[0].key[0]
@@ -284,36 +474,65 @@ class Worker:
                 )
                 self._fail(state, JobError("model_error", f"{type(e).__name__}: {e}"))
                 return
-            self.stats.splits += 1
-            half = len(items) // 2
             log.info(
                 "batch of %d failed (%s); splitting to isolate the bad item",
                 len(items),
                 type(e).__name__,
             )
-            await self._run_items(items[:half], queue_depth=queue_depth)
-            await self._run_items(
-                [it for it in items[half:] if it.key[0].error is None], queue_depth=queue_depth
+            await self._split(items)
+            return
+        run_s = time.perf_counter() - t0
+        self.ceiling.on_success()
+        self.batcher.max_batch_tokens = self.ceiling.value
+        self._scatter(items, out, padded)
+        self.heartbeat.on_batch(len(items), padded, run_s)
+
+    async def _split(self, items: list[Item]) -> None:
+        self.stats.splits += 1
+        if self.metrics:
+            self.metrics.batch_splits.inc()
+        items = sorted(items, key=lambda it: it.cost)  # halves of similar length pad less
+        half = len(items) // 2
+        await self._run_items(items[:half])
+        await self._run_items(items[half:])
+
+    async def _on_oom(self, items: list[Item], padded: int, e: Exception) -> None:
+        self.stats.ooms += 1
+        release_device_cache(self.device)
+        before = self.ceiling.value
+        after = self.ceiling.on_oom(padded)
+        self.batcher.max_batch_tokens = after
+        if self.metrics:
+            self.metrics.oom.inc()
+            self.metrics.token_ceiling.set(after)
+        log.warning(
+            "out of memory at items=%d tokens=%d (%s); live ceiling %d -> %d",
+            len(items),
+            padded,
+            e,
+            before,
+            after,
+        )
+        if len(items) == 1:
+            state = items[0].key[0]
+            self._fail(
+                state,
+                JobError(
+                    "too_large",
+                    f"input {items[0].key[1]} ({padded} tokens) does not fit in device memory alone",
+                ),
             )
             return
-        run_ms = (time.perf_counter() - t0) * 1000
-        self._scatter(items, out, padded)
-        oldest = self.batcher.oldest_arrival()
-        log.debug(
-            "batch items=%d tokens=%d/%d run_ms=%.1f held=%d oldest_wait_ms=%.0f",
-            len(items), padded, self.batcher.max_batch_tokens, run_ms, queue_depth,
-            0.0 if oldest is None else (time.monotonic() - oldest) * 1000,
-        )  # fmt: skip
+        await self._split(items)
 
     def _scatter(self, items: list[Item], out: np.ndarray, padded: int) -> None:
-        s = self.stats
-        s.batches += 1
-        s.items += len(items)
-        s.last_batch_size, s.last_batch_tokens, s.last_batch_at_ms = len(items), padded, now_ms()
-        s.recent.append((time.monotonic(), len(items)))
+        self.stats.on_batch(len(items), padded)
+        if self.metrics:
+            self.metrics.batch_size.labels(model=self.model_name).observe(len(items))
+            self.metrics.batch_tokens.labels(model=self.model_name).observe(padded)
         for row, it in zip(out, items, strict=True):
             state, index, _ = it.key
-            if state.error is not None:
+            if state.error is not None or state.final_status is not None:
                 continue
             if state.outputs is None:
                 state.outputs = np.empty((len(state.job.inputs), out.shape[1]), dtype=np.float32)
@@ -324,28 +543,48 @@ class Worker:
             if state.remaining == 0:
                 self._finalize(state)
 
-    def _fail(self, state: JobState, error: JobError) -> None:
+    def _fail(self, state: JobState, error: JobError, status: Status = Status.FAILED) -> None:
         if state.error is not None or state.job.id not in self.jobs:
             return
-        state.error = error
         self.batcher.remove(lambda it: it.key[0] is state)  # its other items never run
-        self._finalize(state)
+        self._finalize(state, error, status)
 
-    def _finalize(self, state: JobState) -> None:
+    def _finalize(
+        self, state: JobState, error: JobError | None = None, status: Status | None = None
+    ) -> None:
+        state.error = error
+        final = status or (Status.SUCCEEDED if error is None else Status.FAILED)
+        state.final_status = final
         self.jobs.pop(state.job.id, None)
-        if state.error is None:
-            self.stats.jobs_done += 1
-            fields = encode_final(
-                Status.SUCCEEDED, finished_ms=now_ms(), outputs=state.outputs,
-                batch_size=state.batch_size, batch_tokens=state.batch_tokens,
-            )  # fmt: skip
-        else:
-            self.stats.jobs_failed += 1
-            fields = encode_final(
-                Status.FAILED, finished_ms=now_ms(), error=state.error,
-                batch_size=state.batch_size, batch_tokens=state.batch_tokens,
-            )  # fmt: skip
-        self._finished.put_nowait(Final(self.model_name, state.entry_id, state.job.id, fields))
+        self.stats.on_job(final, error)
+        fields = encode_final(
+            final, finished_ms=now_ms(), outputs=state.outputs if error is None else None, error=error,
+            batch_size=state.batch_size, batch_tokens=state.batch_tokens,
+        )  # fmt: skip
+        if self.metrics:
+            self.metrics.jobs_finished.labels(model=self.model_name, status=str(final)).inc()
+            job = state.job
+            end = now_ms()
+            if job.started_ms is not None:
+                self.metrics.job_queue_seconds.labels(model=self.model_name).observe(
+                    max(0, job.started_ms - job.created_ms) / 1000
+                )
+            self.metrics.job_latency_seconds.labels(model=self.model_name).observe(
+                max(0, end - job.created_ms) / 1000
+            )
+        if error is not None and error.code != "expired":
+            log.warning("job %s %s: %s %s", state.job.id, final, error.code, error.message)
+        e = state.entry
+        self._finished.put_nowait(
+            Final(
+                self.model_name,
+                e.stream,
+                e.entry_id,
+                state.job.id,
+                fields,
+                dead_letter=state.dead_letter,
+            )
+        )
 
     # --- publish ---
     async def _publish_loop(self) -> None:
@@ -368,43 +607,3 @@ class Worker:
             delay = 0.1
             for _ in batch:
                 self._finished.task_done()
-
-    # --- heartbeat ---
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            with contextlib.suppress(*REDIS_DOWN):
-                await self._beat()
-            await asyncio.sleep(self.settings.heartbeat_s)
-
-    async def _beat(self) -> None:
-        ttl_ms = int(self.settings.heartbeat_ttl_s * 1000)
-        now = now_ms()
-        record = {
-            "id": self.consumer, "host": socket.gethostname(), "pid": os.getpid(),
-            "model": self.model_name, "device": self.device,
-            "token_ceiling": self.batcher.max_batch_tokens,
-            "items_per_s": round(self.stats.items_per_s(), 2),
-            "last_batch_size": self.stats.last_batch_size,
-            "last_batch_tokens": self.stats.last_batch_tokens,
-            "last_batch_at_ms": self.stats.last_batch_at_ms,
-            "batches": self.stats.batches, "held_items": self._held_items(), "beat_ms": now,
-        }  # fmt: skip
-        async with self.redis.pipeline(transaction=False) as p:
-            p.hset(keys.worker(self.consumer), mapping={k: str(v) for k, v in record.items()})
-            p.pexpire(keys.worker(self.consumer), ttl_ms)
-            p.zadd(keys.workers(self.model_name), {self.consumer: now + ttl_ms})
-            p.zremrangebyscore(keys.workers(self.model_name), "-inf", now)
-            held = [s.entry_id for s in self.jobs.values()]
-            if held:
-                # Keep held entries fresh so a visibility-timeout reclaim never steals a
-                # batch that is merely slow; JUSTID does not bump the delivery count.
-                p.xclaim(
-                    keys.stream(self.model_name), keys.GROUP, self.consumer, 0, held, justid=True
-                )
-            await p.execute()
-
-    async def _unregister(self) -> None:
-        async with self.redis.pipeline(transaction=False) as p:
-            p.delete(keys.worker(self.consumer))
-            p.zrem(keys.workers(self.model_name), self.consumer)
-            await p.execute()

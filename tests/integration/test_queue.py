@@ -22,9 +22,11 @@ async def queue(redis_url: str) -> AsyncIterator[JobQueue]:
 
 async def test_submit_is_idempotent_per_job_id(queue: JobQueue) -> None:
     job = Job(id="j1", model="echo", inputs=["a"])
-    assert await queue.submit(job) is True
-    assert await queue.submit(job) is False  # a client-side retry adds no second entry
+    assert (await queue.submit(job)).outcome == "created"
+    again = await queue.submit(job)  # a client-side retry adds no second entry
+    assert (again.outcome, again.job_id) == ("duplicate", "j1")
     assert await queue.queue_depth("echo") == 1
+    assert await queue.queued_items("echo") == 1
     got = await queue.get("j1")
     assert got is not None and got.status is Status.QUEUED and got.inputs == ["a"]
 
@@ -54,8 +56,9 @@ async def test_final_write_is_never_overwritten_and_acks(queue: JobQueue) -> Non
     bad = encode_final(Status.FAILED, finished_ms=2, error=JobError("model_error", "late dup"))
     pubsub = queue.redis.pubsub()
     await pubsub.subscribe(keys.done_channel("j3"))
-    assert await queue.finish([Final("echo", entry.entry_id, "j3", ok)]) == [1]
-    assert await queue.finish([Final("echo", entry.entry_id, "j3", bad)]) == [0]
+    assert await queue.finish([Final("echo", entry.stream, entry.entry_id, "j3", ok)]) == [1]
+    assert await queue.finish([Final("echo", entry.stream, entry.entry_id, "j3", bad)]) == [0]
+    assert await queue.queued_items("echo") == 0  # released once, not twice
     job = await queue.get("j3")
     assert job is not None and job.status is Status.SUCCEEDED and job.error is None
     assert 0 < await queue.redis.ttl(keys.job("j3")) <= 60
@@ -68,4 +71,40 @@ async def test_final_write_is_never_overwritten_and_acks(queue: JobQueue) -> Non
             messages.append(m)
     assert len(messages) == 1  # published once, not on the duplicate
     await pubsub.aclose()
-    assert await queue.finish([Final("echo", "0-1", "gone", ok)]) == [-1]
+    assert await queue.finish([Final("echo", entry.stream, "0-1", "gone", ok)]) == [-1]
+
+
+async def test_admission_cap_is_atomic_and_counts_items(queue: JobQueue) -> None:
+    a = await queue.submit(Job(id="a", model="echo", inputs=["x"] * 3), max_queue=4)
+    b = await queue.submit(Job(id="b", model="echo", inputs=["x"] * 2), max_queue=4)
+    assert (a.outcome, b.outcome, b.depth) == ("created", "full", 3)
+    assert await queue.get("b") is None and await queue.queue_depth("echo") == 1
+
+
+async def test_idempotency_key_returns_the_first_job(queue: JobQueue) -> None:
+    first = await queue.submit(Job(id="k1", model="echo", inputs=["x"]), idempotency_key="h")
+    second = await queue.submit(Job(id="k2", model="echo", inputs=["x"]), idempotency_key="h")
+    other = await queue.submit(Job(id="k3", model="echo", inputs=["x"], tenant="t2"), idempotency_key="h")
+    assert first.outcome == "created" and (second.outcome, second.job_id) == ("duplicate", "k1")
+    assert other.outcome == "created"  # keys are per tenant
+    assert await queue.get("k2") is None
+
+
+async def test_cancel_only_if_queued_and_hand_back(queue: JobQueue) -> None:
+    await queue.ensure_group("echo")
+    job = Job(id="c1", model="echo", inputs=["x"], priority="high")
+    await queue.submit(job)
+    (entry,) = await queue.read("echo", "w", count=5, block_ms=None)
+    assert entry.stream == keys.stream("echo", "high")
+    (running,) = await queue.claim(["c1"], 5)
+    assert running is not None
+    cancelled = encode_final(Status.CANCELLED, finished_ms=6, error=JobError("cancelled", "x"))
+    assert await queue.cancel(running, cancelled, only_if_queued=True) == 2  # started: not cancelled
+    await queue.hand_back([entry])  # a stopping worker gives it back, uncounted
+    back = await queue.get("c1")
+    assert back is not None and back.status is Status.QUEUED and back.attempts == 0
+    assert back.entry != entry.entry_id and await queue.queue_depth("echo") == 1
+    assert await queue.cancel(back, cancelled, only_if_queued=True) == 1
+    assert (await queue.get("c1")).status is Status.CANCELLED  # type: ignore[union-attr]
+    assert await queue.cancel(back, cancelled, only_if_queued=False) == 0
+    assert await queue.queued_items("echo") == 0

@@ -1,0 +1,63 @@
+"""Bearer-key auth: `INFERQ_API_KEYS` maps keys to tenants; jobs belong to their tenant.
+
+Keys are compared in constant time against every configured key (no early exit that
+would leak which prefix matched) and never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from shared.errors import Unauthorized
+from shared.settings import Settings
+
+log = logging.getLogger("inferq.api")
+
+
+def load_api_keys(settings: Settings) -> dict[bytes, str]:
+    """key → tenant, from 'tenant:key,...' or '@/path' (one 'tenant:key' per line)."""
+    if settings.api_keys is None:
+        return {}
+    raw = settings.api_keys.get_secret_value().strip()
+    if raw.startswith("@"):
+        raw = Path(raw[1:]).read_text()
+    keys: dict[bytes, str] = {}
+    for n, pair in enumerate(p.strip() for p in raw.replace("\n", ",").split(",")):
+        if not pair or pair.startswith("#"):
+            continue
+        tenant, sep, key = pair.partition(":")
+        if not sep or not tenant.strip() or not key.strip():
+            raise ValueError(
+                f"INFERQ_API_KEYS entry {n} is not 'tenant:key'"
+            )  # no value: it is secret
+        keys[key.strip().encode()] = tenant.strip()
+    if not keys:
+        raise ValueError("INFERQ_API_KEYS is set but holds no 'tenant:key' pair")
+    return keys
+
+
+def authenticate(request: Request) -> str:
+    """The caller's tenant ('' when the API is open)."""
+    keys: dict[bytes, str] = request.app.state.api_keys
+    if not keys:
+        return ""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized("missing 'Authorization: Bearer <key>'")
+    given = token.strip().encode()
+    tenant = ""
+    for key, owner in keys.items():
+        if hmac.compare_digest(given, key):
+            tenant = owner
+    if not tenant:
+        raise Unauthorized("invalid API key")
+    return tenant
+
+
+Tenant = Annotated[str, Depends(authenticate)]

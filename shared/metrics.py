@@ -1,0 +1,210 @@
+"""Every Prometheus metric inferq exports, declared once, `inferq_` prefix, units in names.
+
+Each side owns a registry of its own, so the API and a worker never collide and tests
+build fresh ones:
+
+| metric                               | type      | labels         | side   |
+|--------------------------------------|-----------|----------------|--------|
+| `inferq_jobs_submitted_total`        | counter   | model          | api    |
+| `inferq_jobs_rejected_total`         | counter   | model, reason  | api    |
+| `inferq_queue_depth`                 | gauge     | model          | api    |
+| `inferq_jobs_finished_total`         | counter   | model, status  | worker |
+| `inferq_job_queue_seconds`           | histogram | model          | worker |
+| `inferq_job_latency_seconds`         | histogram | model          | worker |
+| `inferq_batch_size`                  | histogram | model          | worker |
+| `inferq_batch_tokens`                | histogram | model          | worker |
+| `inferq_batch_seconds`               | histogram | –              | worker |
+| `inferq_oom_total`                   | counter   | –              | worker |
+| `inferq_batch_splits_total`          | counter   | –              | worker |
+| `inferq_token_ceiling`               | gauge     | –              | worker |
+| `inferq_device_memory_bytes`         | gauge     | kind           | worker |
+
+Counters are declared without the `_total` suffix (prometheus-client appends it), so the
+exposed names are exactly the ones above. `inferq_device_memory_bytes{kind}` takes
+`allocated`, `reserved` or `total` (`MEMORY_KINDS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+__all__ = [
+    "BATCH_SIZE_BUCKETS",
+    "BATCH_TOKENS_BUCKETS",
+    "CONTENT_TYPE_LATEST",
+    "MEMORY_KINDS",
+    "SECONDS_BUCKETS",
+    "ApiMetrics",
+    "WorkerMetrics",
+    "api_metrics",
+    "render",
+    "worker_metrics",
+]
+
+# The `*_created` companion series double every counter/histogram for a timestamp nobody
+# graphs; inferq's scrapes stay at the families listed above. (Process-wide switch.)
+disable_created_metrics()
+
+PREFIX = "inferq"
+MEMORY_KINDS = ("allocated", "reserved", "total")
+
+# Items per batch: powers of two up to 512 (max_batch_size rarely goes beyond).
+BATCH_SIZE_BUCKETS = tuple(float(2**i) for i in range(10))  # 1 .. 512
+# Padded tokens per batch: powers of two from 16 up to 65536.
+BATCH_TOKENS_BUCKETS = tuple(float(2**i) for i in range(4, 17))  # 16 .. 65536
+# Durations: 1 ms .. 60 s, roughly 1-2.5-5 per decade.
+SECONDS_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+
+
+@dataclass(frozen=True)
+class ApiMetrics:
+    """The API process's metrics on their own registry.
+
+    `queue_depth` is set from Redis (XLEN per served model) right before each scrape.
+    """
+
+    registry: CollectorRegistry
+    jobs_submitted: Counter
+    jobs_rejected: Counter
+    queue_depth: Gauge
+
+
+@dataclass(frozen=True)
+class WorkerMetrics:
+    """One worker process's metrics on their own registry."""
+
+    registry: CollectorRegistry
+    jobs_finished: Counter
+    job_queue_seconds: Histogram
+    job_latency_seconds: Histogram
+    batch_size: Histogram
+    batch_tokens: Histogram
+    batch_seconds: Histogram
+    oom: Counter
+    batch_splits: Counter
+    token_ceiling: Gauge
+    device_memory_bytes: Gauge
+
+    def set_device_memory(self, allocated: float, reserved: float, total: float) -> None:
+        """Set all three `inferq_device_memory_bytes{kind}` series at once."""
+        for kind, value in zip(MEMORY_KINDS, (allocated, reserved, total), strict=True):
+            self.device_memory_bytes.labels(kind=kind).set(value)
+
+
+def api_metrics(registry: CollectorRegistry | None = None) -> ApiMetrics:
+    """Fresh API metrics, on `registry` or a new one (never the global default)."""
+    reg = registry if registry is not None else CollectorRegistry(auto_describe=True)
+    return ApiMetrics(
+        registry=reg,
+        jobs_submitted=Counter(
+            f"{PREFIX}_jobs_submitted",
+            "Jobs accepted and enqueued by the API.",
+            ["model"],
+            registry=reg,
+        ),
+        jobs_rejected=Counter(
+            f"{PREFIX}_jobs_rejected",
+            "Submissions refused by the API, by reason (e.g. queue_full, too_large, invalid).",
+            ["model", "reason"],
+            registry=reg,
+        ),
+        queue_depth=Gauge(
+            f"{PREFIX}_queue_depth",
+            "Entries in the model's job stream (XLEN), read at scrape time.",
+            ["model"],
+            registry=reg,
+        ),
+    )
+
+
+def worker_metrics(registry: CollectorRegistry | None = None) -> WorkerMetrics:
+    """Fresh worker metrics, on `registry` or a new one (never the global default)."""
+    reg = registry if registry is not None else CollectorRegistry(auto_describe=True)
+    return WorkerMetrics(
+        registry=reg,
+        jobs_finished=Counter(
+            f"{PREFIX}_jobs_finished",
+            "Jobs that reached a final state, by status (succeeded, failed, ...).",
+            ["model", "status"],
+            registry=reg,
+        ),
+        job_queue_seconds=Histogram(
+            f"{PREFIX}_job_queue_seconds",
+            "Job created → taken by a worker.",
+            ["model"],
+            buckets=SECONDS_BUCKETS,
+            registry=reg,
+        ),
+        job_latency_seconds=Histogram(
+            f"{PREFIX}_job_latency_seconds",
+            "Job created → final.",
+            ["model"],
+            buckets=SECONDS_BUCKETS,
+            registry=reg,
+        ),
+        batch_size=Histogram(
+            f"{PREFIX}_batch_size",
+            "Items per batch run on the device.",
+            ["model"],
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=reg,
+        ),
+        batch_tokens=Histogram(
+            f"{PREFIX}_batch_tokens",
+            "Padded tokens per batch (items × longest item).",
+            ["model"],
+            buckets=BATCH_TOKENS_BUCKETS,
+            registry=reg,
+        ),
+        batch_seconds=Histogram(
+            f"{PREFIX}_batch_seconds",
+            "Model time per batch.",
+            buckets=SECONDS_BUCKETS,
+            registry=reg,
+        ),
+        oom=Counter(
+            f"{PREFIX}_oom",
+            "Device out-of-memory errors caught while running a batch.",
+            registry=reg,
+        ),
+        batch_splits=Counter(
+            f"{PREFIX}_batch_splits",
+            "Batches split in two after a failure (OOM or a bad item).",
+            registry=reg,
+        ),
+        token_ceiling=Gauge(
+            f"{PREFIX}_token_ceiling",
+            "Live padded-token ceiling per batch (lowered after an OOM, raised back slowly).",
+            registry=reg,
+        ),
+        device_memory_bytes=Gauge(
+            f"{PREFIX}_device_memory_bytes",
+            "Device memory by kind: allocated, reserved (by the caching allocator), total.",
+            ["kind"],
+            registry=reg,
+        ),
+    )
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The registry in Prometheus text format (serve with `CONTENT_TYPE_LATEST`)."""
+    return generate_latest(registry)

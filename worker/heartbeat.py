@@ -1,0 +1,136 @@
+"""The worker's heartbeat and per-batch watermark line.
+
+Every `heartbeat_s` a worker writes its record (`keys.worker(id)`, TTL `heartbeat_ttl_s`)
+and its score in `keys.workers(model)`; the API reads both for readiness, /v1/health and
+admission (throughput). The heartbeat also keeps held stream entries fresh so no other
+worker takes them over, but only while the device is making progress: a batch stuck past
+the visibility timeout stops the refresh, and the entries become claimable (guide #19).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from typing import TYPE_CHECKING
+
+import orjson
+
+from shared import keys
+from shared.jobs import now_ms
+
+if TYPE_CHECKING:
+    from worker.service import Worker
+
+log = logging.getLogger("inferq.worker")
+
+
+def _device_memory(device: str) -> tuple[int, int, int]:
+    try:
+        from worker.memory import device_memory
+    except ImportError:
+        return (0, 0, 0)
+    m = device_memory(device)
+    return (m.allocated, m.reserved, m.total)
+
+
+class Heartbeat:
+    def __init__(self, worker: Worker, *, backend: str) -> None:
+        self.w = worker
+        self.backend = backend
+        self.memory = (0, 0, 0)
+        self.calibration = ""
+
+    def on_batch(self, items: int, padded: int, run_s: float) -> None:
+        """The watermark line (one per batch) and the batch metrics."""
+        w = self.w
+        self.memory = _device_memory(w.device)
+        alloc, reserved, total = self.memory
+        oldest = w.batcher.oldest_arrival()
+        if w.metrics:
+            w.metrics.batch_seconds.observe(run_s)
+            w.metrics.token_ceiling.set(w.ceiling.value)
+            w.metrics.set_device_memory(alloc, reserved, total)
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "batch items=%d tokens=%d/%d run_ms=%.1f mem=%.0f/%.0f/%.0fMiB (%.0f%%) held=%d oldest_wait_ms=%.0f",
+                items, padded, w.ceiling.value, run_s * 1000, alloc / 2**20, reserved / 2**20,
+                total / 2**20, 100 * reserved / total if total else 0.0, w.held_items(),
+                0.0 if oldest is None else (time.monotonic() - oldest) * 1000,
+            )  # fmt: skip
+        self._maybe_snapshot(reserved, total)
+
+    def _maybe_snapshot(self, reserved: int, total: int) -> None:
+        at = self.w.settings.snapshot_at
+        if at is None or not total or reserved / total < at:
+            return
+        try:
+            from worker.memory import maybe_snapshot
+        except ImportError:
+            return
+        maybe_snapshot(self.w.device, reserved / total, self.w.settings, self)
+
+    async def loop(self) -> None:
+        from worker.service import REDIS_DOWN
+
+        while True:
+            try:
+                await self.beat()
+            except REDIS_DOWN as e:  # the consume loop reconnects; beats resume after
+                log.debug("heartbeat skipped: %s", e)
+            await asyncio.sleep(self.w.settings.heartbeat_s)
+
+    def record(self) -> dict[str, str]:
+        w, s = self.w, self.w.stats
+        alloc, reserved, total = self.memory
+        rec = {
+            "id": w.consumer, "host": socket.gethostname(), "pid": os.getpid(),
+            "model": w.model_name, "backend": self.backend, "device": w.device,
+            "token_ceiling": w.ceiling.value, "items_per_s": round(s.items_per_s(), 2),
+            "last_batch_size": s.last_batch_size, "last_batch_tokens": s.last_batch_tokens,
+            "last_batch_at_ms": s.last_batch_at_ms, "batches": s.batches, "ooms": s.ooms,
+            "held_items": w.held_items(), "beat_ms": now_ms(),
+            "mem_allocated": alloc, "mem_reserved": reserved, "mem_total": total,
+            "calibration": self.calibration, "ceiling_reason": w.ceiling_reason,
+        }  # fmt: skip
+        return {k: str(v) for k, v in rec.items()}
+
+    async def beat(self) -> None:
+        w = self.w
+        ttl_ms = int(w.settings.heartbeat_ttl_s * 1000)
+        now = now_ms()
+        if w.batch_started is None:
+            self.memory = _device_memory(w.device)
+        stuck = w.batch_started is not None and (
+            time.monotonic() - w.batch_started > w.settings.visibility_timeout_s
+        )
+        async with w.redis.pipeline(transaction=False) as p:
+            p.hset(keys.worker(w.consumer), mapping=self.record())
+            p.pexpire(keys.worker(w.consumer), ttl_ms)
+            p.zadd(keys.workers(w.model_name), {w.consumer: now + ttl_ms})
+            p.zremrangebyscore(keys.workers(w.model_name), "-inf", now)
+            held: dict[str, list[str]] = {}
+            for st in list(w.jobs.values()) + list(w.solo):
+                held.setdefault(st.entry.stream, []).append(st.entry.entry_id)
+            if not stuck:
+                # JUSTID resets idle time without bumping the delivery count.
+                for stream, ids in held.items():
+                    p.xclaim(stream, keys.GROUP, w.consumer, 0, ids, justid=True)
+            await p.execute()
+        if stuck:
+            log.error(
+                "batch running for over %.0fs: no longer refreshing held entries",
+                w.settings.visibility_timeout_s,
+            )
+
+    async def unregister(self) -> None:
+        async with self.w.redis.pipeline(transaction=False) as p:
+            p.delete(keys.worker(self.w.consumer))
+            p.zrem(keys.workers(self.w.model_name), self.w.consumer)
+            await p.execute()
+
+
+def calibration_json(data: object) -> str:
+    return orjson.dumps(data).decode() if data else ""
