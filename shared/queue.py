@@ -3,11 +3,12 @@
 Writes that matter are Lua scripts, so each is atomic and safe to retry:
 - `submit`: admission cap + idempotency key + record + stream entry, all or nothing; a
   no-op if the job id (or the idempotency key) already exists;
-- `claim`: a worker marks jobs running (only from `queued`), counts the delivery on the
-  broker (`attempts`), and reads them, in one trip;
+- `claim`: a worker marks jobs running (only from `queued`) and reads them, in one trip;
+- `start`: right before a batch, counts each job's first device start on the broker
+  (`attempts`, so a crash that never returns still counts) and returns live statuses;
 - `finish`: writes the final fields, sets the TTL, releases the admission count and
-  publishes, unless the job is already final: a duplicate delivery after a crash can
-  never clobber a result, and the result is published once;
+  publishes (and dead-letters, for a poisoned job), unless the job is already final: a
+  duplicate delivery after a crash can never clobber a result, and it is published once;
 - `hand_back`: a stopping worker re-queues a job it never started, at once.
 Order on the worker is result → notify → XACK (reliability guide #7).
 """
@@ -51,14 +52,8 @@ for i, key in ipairs(KEYS) do
   if not raw then
     out[i] = {}
   else
-    local status = cmsgpack.unpack(raw)
-    if not FINAL[status] then
-      local attempts = redis.call('HGET', key, 'attempts')
-      local n = (attempts and cmsgpack.unpack(attempts) or 0) + 1
-      redis.call('HSET', key, 'attempts', cmsgpack.pack(n))
-      if status == 'queued' then
-        redis.call('HSET', key, 'status', cmsgpack.pack('running'), 'started_ms', ARGV[1])
-      end
+    if cmsgpack.unpack(raw) == 'queued' then
+      redis.call('HSET', key, 'status', cmsgpack.pack('running'), 'started_ms', ARGV[1])
     end
     out[i] = redis.call('HGETALL', key)
   end
@@ -66,7 +61,24 @@ end
 return out
 """
 
-# KEYS: job, counter. ARGV: ttl_s, channel, only_if_queued (0|1), fields...
+# KEYS: jobs about to run on the device. ARGV[i] = '1' if job i starts its first item in this
+# worker: counted in `attempts` (device starts). A job whose worker dies while it is on the
+# device comes back with one more attempt; one that merely waited in a dead worker's hands
+# does not, so only the job that kills workers is ever dead-lettered. Returns raw statuses.
+START_LUA = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local raw = redis.call('HGET', key, 'status')
+  out[i] = raw or ''
+  if raw and ARGV[i] == '1' and not FINAL[cmsgpack.unpack(raw)] then
+    local attempts = redis.call('HGET', key, 'attempts')
+    redis.call('HSET', key, 'attempts', cmsgpack.pack((attempts and cmsgpack.unpack(attempts) or 0) + 1))
+  end
+end
+return out
+"""
+
+# KEYS: job, counter[, dead-letter stream]. ARGV: ttl_s, channel, only_if_queued (0|1), fields...
 # Returns 1 written, 0 already final, 2 not queued (only_if_queued), -1 no such job.
 FINISH_LUA = """
 local raw = redis.call('HGET', KEYS[1], 'status')
@@ -80,20 +92,20 @@ local items = redis.call('HGET', KEYS[1], 'items')
 if items then
   if redis.call('DECRBY', KEYS[2], cmsgpack.unpack(items)) < 0 then redis.call('SET', KEYS[2], 0) end
 end
+if #KEYS == 3 then
+  redis.call('XADD', KEYS[3], '*', 'job', cmsgpack.unpack(redis.call('HGET', KEYS[1], 'id')))
+end
 redis.call('PUBLISH', ARGV[2], 'final')
 return 1
 """
 
 # KEYS: job, stream. ARGV: group, old entry id, job id.
-# Re-queues a not-final job at the tail without counting the delivery; acks the old entry.
+# Re-queues a not-final, never-started job at the tail; acks the old entry.
 HAND_BACK_LUA = """
 local raw = redis.call('HGET', KEYS[1], 'status')
 if raw and not FINAL[cmsgpack.unpack(raw)] then
-  local attempts = redis.call('HGET', KEYS[1], 'attempts')
-  local n = math.max((attempts and cmsgpack.unpack(attempts) or 1) - 1, 0)
   local eid = redis.call('XADD', KEYS[2], '*', 'job', ARGV[3])
-  redis.call('HSET', KEYS[1], 'status', cmsgpack.pack('queued'), 'attempts', cmsgpack.pack(n),
-             'entry', cmsgpack.pack(eid))
+  redis.call('HSET', KEYS[1], 'status', cmsgpack.pack('queued'), 'entry', cmsgpack.pack(eid))
   redis.call('HDEL', KEYS[1], 'started_ms')
 end
 redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
@@ -151,6 +163,7 @@ class JobQueue:
         self._claim = redis.register_script(_with_final(CLAIM_LUA))
         self._finish = redis.register_script(_with_final(FINISH_LUA))
         self._hand_back = redis.register_script(_with_final(HAND_BACK_LUA))
+        self._start = redis.register_script(_with_final(START_LUA))
 
     # --- API side ---
     async def submit(
@@ -286,6 +299,14 @@ class JobQueue:
             out.append(decode_job(dict(zip(flat[::2], flat[1::2], strict=True))))
         return out
 
+    async def start(self, job_ids: Sequence[str], first: Sequence[bool]) -> list[bytes]:
+        """Before a batch runs: count first device starts; return each job's raw status."""
+        if not job_ids:
+            return []
+        return await self._start(
+            keys=[keys.job(j) for j in job_ids], args=["1" if f else "0" for f in first]
+        )
+
     async def take_over(
         self,
         model: str,
@@ -367,12 +388,11 @@ class JobQueue:
                 ]
                 for k, v in f.fields.items():
                     argv += [k, v]
-                await self._finish(
-                    keys=[keys.job(f.job_id), keys.queued_items(f.model)], args=argv, client=p
-                )
-            for f in finals:
+                script_keys = [keys.job(f.job_id), keys.queued_items(f.model)]
                 if f.dead_letter:
-                    p.xadd(keys.dead(f.model), {"job": f.job_id, "entry": f.entry_id})
+                    script_keys.append(keys.dead(f.model))
+                await self._finish(keys=script_keys, args=argv, client=p)
+            for f in finals:
                 p.xack(f.stream, keys.GROUP, f.entry_id)
                 p.xdel(f.stream, f.entry_id)
             results = await p.execute()

@@ -114,6 +114,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._running_items = 0
         self._stale: list[Entry] = []  # entries to ack without a result (already final)
+        self._posting: set[str] = set()  # finalised here, not yet written: never re-admit
         self.batch_started: float | None = None
         self.heartbeat = Heartbeat(self, backend=backend)
 
@@ -213,7 +214,11 @@ class Worker:
                 if pending and not entries:
                     pending = False
                     continue
-                entries = [e for e in entries if e.job_id not in self.jobs]
+                entries = [
+                    e
+                    for e in entries
+                    if e.job_id not in self.jobs and e.job_id not in self._posting
+                ]
                 if entries:
                     await self._admit(entries)
                 elif pending:
@@ -270,7 +275,7 @@ class Worker:
             dead_idle_ms=int(self.settings.heartbeat_ttl_s * 500),
             stuck_idle_ms=int(self.settings.visibility_timeout_s * 1000),
         )  # fmt: skip
-        taken = [e for e in taken if e.job_id not in self.jobs]
+        taken = [e for e in taken if e.job_id not in self.jobs and e.job_id not in self._posting]
         if taken:
             self.stats.taken_over += len(taken)
             log.warning(
@@ -292,9 +297,13 @@ class Worker:
         self._wake.set()
 
     def _admit_job(self, job: Job, entry: Entry, arrived: float) -> None:
-        if job.attempts > self.settings.max_deliveries:
+        # `attempts` counts device starts that never finished (see queue.START_LUA).
+        if job.attempts >= self.settings.max_deliveries:
             state = JobState(job, entry, 0, dead_letter=True)
-            msg = f"delivered {job.attempts} times (INFERQ_MAX_DELIVERIES={self.settings.max_deliveries})"
+            msg = (
+                f"started {job.attempts} times without finishing "
+                f"(INFERQ_MAX_DELIVERIES={self.settings.max_deliveries})"
+            )
             log.error("job %s poisoned: %s; dead-lettered", job.id, msg)
             self._finalize(state, JobError("poisoned", msg), Status.FAILED)
             return
@@ -326,8 +335,8 @@ class Worker:
             Item(key=(state, i, p.payload), cost=p.cost, arrived=arrived)
             for i, p in enumerate(prepared)
         ]
-        if job.attempts > 1:
-            # Redelivered: it may be what killed the last worker. Run it alone, so it can
+        if job.attempts >= 1:
+            # It was on a device when a worker died: it may be what killed it. Run it alone, so it can
             # only take itself down, not the healthy jobs it would be batched with.
             state.solo_items = items
             self.solo.append(state)
@@ -405,20 +414,19 @@ class Worker:
         while (batch := solo.next_batch(time.monotonic(), force=True)) is not None:
             await self._run_batch(batch)
 
-    async def _drop_cancelled(self, batch: Batch) -> list[Item]:
-        """Drop items of jobs finalised elsewhere (cancelled) since we read them."""
+    async def _start_batch(self, batch: Batch) -> list[Item]:
+        """Count first device starts, and drop items of jobs finalised elsewhere (cancelled)."""
         states = list(
             {id(it.key[0]): it.key[0] for it in batch.items if it.key[0].error is None}.values()
         )
         try:
-            async with self.redis.pipeline(transaction=False) as p:
-                for s in states:
-                    p.hget(keys.job(s.job.id), "status")
-                statuses = await p.execute()
+            statuses = await self.queue.start(
+                [s.job.id for s in states], [s.started_items == 0 for s in states]
+            )
         except REDIS_DOWN:
-            statuses = [None] * len(states)  # cannot check: run them; finish stays guarded
+            statuses = [b""] * len(states)  # cannot check: run them; finish stays guarded
         for s, raw in zip(states, statuses, strict=True):
-            if raw is not None and raw not in _NOT_FINAL:
+            if raw and raw not in _NOT_FINAL:
                 self._drop(s)
         return [
             it for it in batch.items if it.key[0].error is None and it.key[0].final_status is None
@@ -433,7 +441,7 @@ class Worker:
         self._stale.append(state.entry)
 
     async def _run_batch(self, batch: Batch) -> None:
-        live = await self._drop_cancelled(batch)
+        live = await self._start_batch(batch)
         self._running_items = len(live)
         self.batch_started = time.monotonic()
         try:
@@ -575,6 +583,7 @@ class Worker:
         if error is not None and error.code != "expired":
             log.warning("job %s %s: %s %s", state.job.id, final, error.code, error.message)
         e = state.entry
+        self._posting.add(state.job.id)
         self._finished.put_nowait(
             Final(
                 self.model_name,
@@ -605,5 +614,6 @@ class Worker:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
             delay = 0.1
-            for _ in batch:
+            for f in batch:
+                self._posting.discard(f.job_id)
                 self._finished.task_done()

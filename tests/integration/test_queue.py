@@ -31,7 +31,7 @@ async def test_submit_is_idempotent_per_job_id(queue: JobQueue) -> None:
     assert got is not None and got.status is Status.QUEUED and got.inputs == ["a"]
 
 
-async def test_claim_marks_running_once_and_counts_attempts(queue: JobQueue) -> None:
+async def test_claim_marks_running_once_and_start_counts_attempts(queue: JobQueue) -> None:
     await queue.ensure_group("echo")
     await queue.ensure_group("echo")  # BUSYGROUP is fine
     await queue.submit(Job(id="j2", model="echo", inputs=["a"]))
@@ -40,7 +40,12 @@ async def test_claim_marks_running_once_and_counts_attempts(queue: JobQueue) -> 
     (job,) = await queue.claim(["j2"], 123)
     assert job is not None and job.status is Status.RUNNING and job.started_ms == 123
     (again,) = await queue.claim(["j2"], 456)  # a redelivery keeps the first start time
-    assert again is not None and again.started_ms == 123 and again.attempts == 2
+    assert again is not None and again.started_ms == 123 and again.attempts == 0
+    # attempts count device starts: only the first start in a worker counts
+    assert await queue.start(["j2"], [True]) == [b"\xa7running"]
+    await queue.start(["j2"], [False])
+    (started,) = await queue.claim(["j2"], 789)
+    assert started is not None and started.attempts == 1
     assert await queue.claim(["missing"], 1) == [None]
     # own PEL is readable with '0' until acked
     assert [

@@ -1,0 +1,205 @@
+"""Nothing accepted is lost, nothing bad gets in: real Redis, real workers, real API."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+
+from shared import keys
+from tests.integration.stack import Stack, wait_for
+from worker.models.echo import expected_vector
+
+
+def _post(base: str, body: dict, path: str = "/v1/jobs", **kw: object) -> httpx.Response:
+    return httpx.post(f"{base}{path}", json=body, timeout=kw.pop("timeout", 10), **kw)  # type: ignore[arg-type]
+
+
+def _job(base: str, job_id: str, wait: float = 0, **kw: object) -> dict:
+    r = httpx.get(f"{base}/v1/jobs/{job_id}", params={"wait": wait}, timeout=wait + 10, **kw)  # type: ignore[arg-type]
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_live_worker_takes_over_a_killed_workers_jobs(stack: Stack) -> None:
+    fast = {"heartbeat_ttl_s": 2, "visibility_timeout_s": 60}
+    a = stack.worker(worker_id="A", echo_batch_delay_ms=3000, **fast)
+    base = stack.api()
+    job = _post(base, {"input": "held by A"}).json()
+    wait_for(lambda: _job(base, job["id"])["status"] == "running", 10, "A to take the job")
+    stack.worker(worker_id="B", **fast)
+    a.popen.kill()
+    killed = time.monotonic()
+    body = _job(base, job["id"], wait=20)
+    took = time.monotonic() - killed
+    assert body["status"] == "succeeded" and body["outputs"] == [expected_vector("held by A")]
+    assert took < 15, f"take-over took {took:.1f}s"
+
+
+def test_poison_job_is_dead_lettered_and_healthy_jobs_survive(stack: Stack) -> None:
+    spec = "crashy=tests.fixtures.models:CrashEcho"
+    settings = {"models": "crashy", "max_deliveries": 3, "max_wait_ms": 100}
+    base = stack.api(model="crashy", models="crashy")
+    bad = _post(base, {"input": "crash now"}).json()
+    good = [_post(base, {"input": f"fine {i}"}).json() for i in range(4)]
+    for _ in range(6):  # each delivery of the poison job kills the worker; restart it
+        w = stack.worker(model=spec, worker_id="P", wait=False, **settings)
+        deadline = time.monotonic() + 20
+        while w.alive() and time.monotonic() < deadline:
+            if _job(base, bad["id"])["status"] == "failed":
+                break
+            time.sleep(0.05)
+        if _job(base, bad["id"])["status"] == "failed":
+            break
+    body = _job(base, bad["id"])
+    assert body["status"] == "failed" and body["error"]["code"] == "poisoned", body
+    dead = stack.r.xrange(keys.dead("crashy"))
+    assert [e[1][b"job"].decode() for e in dead] == [bad["id"]]
+    if not w.alive():
+        stack.worker(model=spec, worker_id="P", **settings)
+    for g in good:
+        assert _job(base, g["id"], wait=15)["status"] == "succeeded"
+
+
+def test_deadline_expires_before_the_model(stack: Stack) -> None:
+    stack.worker(echo_batch_delay_ms=1500, max_batch_size=1)
+    base = stack.api()
+    first = _post(base, {"input": "occupies the worker"}).json()
+    wait_for(lambda: _job(base, first["id"])["status"] == "running", 10, "the first job to start")
+    late = _post(base, {"input": "too late", "timeout_s": 0.3}).json()
+    body = _job(base, late["id"], wait=10)
+    assert body["status"] == "expired" and body["error"]["code"] == "expired"
+    assert body["timings"]["batch_size"] is None  # never reached the model
+    assert _job(base, first["id"], wait=10)["status"] == "succeeded"
+
+
+def test_cancel_queued_job_and_409_once_ended(stack: Stack) -> None:
+    base = stack.api()  # no worker yet: the job waits
+    job = _post(base, {"inputs": ["a", "b"]}).json()
+    r = httpx.delete(f"{base}/v1/jobs/{job['id']}", timeout=5)
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    assert httpx.delete(f"{base}/v1/jobs/{job['id']}", timeout=5).status_code == 409
+    stack.worker()
+    wait_for(lambda: stack.r.xlen(keys.stream("echo")) == 0, 10, "the cancelled entry to be acked")
+    assert _job(base, job["id"])["status"] == "cancelled"
+    assert httpx.delete(f"{base}/v1/jobs/unknown", timeout=5).status_code == 404
+
+
+def test_client_disconnect_cancels_unstarted_infer(stack: Stack) -> None:
+    base = stack.api()
+    headers = {"Idempotency-Key": "disconnect-1"}
+    try:
+        _post(base, {"input": "nobody waits"}, "/v1/infer", headers=headers, timeout=0.5)
+        raise AssertionError("expected the client to time out")
+    except httpx.TimeoutException:
+        pass
+    again = _post(base, {"input": "nobody waits"}, headers=headers).json()  # same key, same job
+    wait_for(lambda: _job(base, again["id"])["status"] == "cancelled", 10, "the job to be cancelled")
+
+
+def test_queue_cap_answers_429_with_computed_retry_after(stack: Stack) -> None:
+    base = stack.api(max_queue=5)
+    for _ in range(5):
+        assert _post(base, {"input": "x"}).status_code == 202
+    for path in ("/v1/jobs", "/v1/infer"):
+        r = _post(base, {"inputs": ["x", "y"]}, path)
+        assert r.status_code == 429, r.text
+        assert int(r.headers["retry-after"]) >= 1
+        assert "INFERQ_MAX_QUEUE=5" in r.json()["error"]["message"]
+
+
+def test_deadline_aware_admission(stack: Stack) -> None:
+    stack.worker(echo_batch_delay_ms=100, max_batch_size=1)
+    base = stack.api()
+    ids = [_post(base, {"input": f"warm {i}"}).json()["id"] for i in range(15)]
+    wait_for(lambda: _job(base, ids[10])["status"] == "succeeded", 20, "a measured throughput")
+    for i in range(40):
+        _post(base, {"input": f"backlog {i}"})
+    r = _post(base, {"input": "needs it now", "timeout_s": 0.5})
+    assert r.status_code == 429, r.text
+    assert "deadline" in r.json()["error"]["message"] and int(r.headers["retry-after"]) >= 1
+
+
+def test_priorities_serve_high_first_without_starving_low(stack: Stack) -> None:
+    base = stack.api()
+    order: dict[str, list[str]] = {"high": [], "normal": [], "low": []}
+    for i in range(12):
+        for lane in ("low", "normal", "high"):
+            order[lane].append(_post(base, {"input": f"{lane} {i}", "priority": lane}).json()["id"])
+    stack.worker(max_batch_size=1, prefetch_items=1, echo_batch_delay_ms=10)
+    finished: dict[str, int] = {}
+    for lane, ids in order.items():
+        for job_id in ids:
+            body = _job(base, job_id, wait=30)
+            assert body["status"] == "succeeded"
+    for lane, ids in order.items():
+        for job_id in ids:
+            finished[job_id] = stack_finished(stack, job_id)
+    mean = {lane: sum(finished[j] for j in ids) / len(ids) for lane, ids in order.items()}
+    assert mean["high"] < mean["normal"] < mean["low"], mean
+    last_high = max(finished[j] for j in order["high"])
+    assert min(finished[j] for j in order["low"]) < last_high, "low lane starved"
+
+
+def stack_finished(stack: Stack, job_id: str) -> int:
+    from shared.jobs import decode_job
+
+    job = decode_job(stack.r.hgetall(keys.job(job_id)))
+    assert job.finished_ms is not None
+    return job.finished_ms
+
+
+async def test_idempotency_key_racing_submits_create_one_job(stack: Stack) -> None:
+    base = stack.api()
+    async with httpx.AsyncClient(timeout=10) as c:
+        replies = await asyncio.gather(
+            *(
+                c.post(f"{base}/v1/jobs", json={"input": "once"}, headers={"Idempotency-Key": "race"})
+                for _ in range(16)
+            )
+        )
+    assert {r.status_code for r in replies} == {202}
+    assert len({r.json()["id"] for r in replies}) == 1
+    assert stack.r.xlen(keys.stream("echo")) == 1
+
+
+def test_queue_position_and_eta(stack: Stack) -> None:
+    base = stack.api()
+    ids = [_post(base, {"input": f"q {i}"}).json()["id"] for i in range(3)]
+    high = _post(base, {"input": "urgent", "priority": "high"}).json()["id"]
+    assert _job(base, ids[0])["position"] == 1  # the high job is ahead of it
+    assert _job(base, ids[2])["position"] == 3
+    assert _job(base, high)["position"] == 0
+    assert "eta_ms" in _job(base, ids[2])
+
+
+def test_auth_and_tenant_isolation(stack: Stack) -> None:
+    base = stack.api(api_keys="alpha:key-alpha-123,beta:key-beta-456")
+    assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
+    assert _post(base, {"input": "x"}).status_code == 401
+    bad = _post(base, {"input": "x"}, headers={"Authorization": "Bearer wrong"})
+    assert bad.status_code == 401 and bad.headers["www-authenticate"] == "Bearer"
+    alpha = {"Authorization": "Bearer key-alpha-123"}
+    beta = {"Authorization": "Bearer key-beta-456"}
+    job = _post(base, {"input": "secret"}, headers=alpha).json()
+    assert httpx.get(f"{base}/v1/jobs/{job['id']}", headers=alpha, timeout=5).status_code == 200
+    assert httpx.get(f"{base}/v1/jobs/{job['id']}", headers=beta, timeout=5).status_code == 404
+    assert httpx.delete(f"{base}/v1/jobs/{job['id']}", headers=beta, timeout=5).status_code == 404
+    assert "key-alpha-123" not in stack.logs() and "key-beta-456" not in stack.logs()
+
+
+def test_redis_outage_gives_503_and_recovers(stack: Stack, redis_server) -> None:  # type: ignore[no-untyped-def]
+    stack.worker()
+    base = stack.api(redis_timeout_s=0.5)
+    assert _post(base, {"input": "before"}, "/v1/infer").status_code == 200
+    redis_server.stop()
+    try:
+        t0 = time.monotonic()
+        r = _post(base, {"input": "during"})
+        assert r.status_code == 503 and "retry-after" in r.headers
+        assert time.monotonic() - t0 < 5
+        assert httpx.get(f"{base}/readyz", timeout=5).status_code == 503
+    finally:
+        redis_server.start()
+    wait_for(lambda: _post(base, {"input": "after"}, "/v1/infer").status_code == 200, 30, "recovery")
