@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import math
 import time
@@ -161,9 +162,7 @@ class JobService:
                 remaining = deadline - loop.time()
                 if job.status.is_final or remaining <= 0 or self.shutting_down:
                     return job
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(fut, min(remaining, RECHECK_S))
-                except TimeoutError:
-                    pass
             finally:
                 self.notifier.unwatch(job_id, fut)

@@ -148,12 +148,13 @@ class Worker:
         try:
             # A task that dies must take the worker down (and its heartbeat with it), never
             # leave a process that looks alive but no longer reads or publishes.
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for t in done:
-                if (exc := t.exception()) is not None:
-                    raise exc
+            while not runner.done():
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    if (exc := t.exception()) is not None:
+                        raise exc
             await consumer
-            handed_back = await runner
+            handed_back = runner.result()
             await self._finished.join()
             await self._flush_stale()
         finally:
@@ -361,7 +362,10 @@ class Worker:
             now = time.monotonic()
             self._expire_due()
             if self.solo:
-                await self._run_solo(self.solo.popleft())
+                # Least suspicious first: a job that was on the device at more crashes waits.
+                state = min(self.solo, key=lambda st: st.job.attempts)
+                self.solo.remove(state)
+                await self._run_solo(state)
                 continue
             stopping = self._stopping.is_set()
             if stopping and not handed_back:

@@ -117,7 +117,13 @@ class Stack:
         def up() -> bool:
             if not proc.alive():
                 raise AssertionError(f"worker exited ({proc.popen.returncode}):\n{proc.log()}")
-            return bool(self.r.zrangebyscore(keys.workers(model), int(time.time() * 1000), "+inf"))
+            # Live, and this very process: a killed worker's entry lingers until its TTL.
+            for member in self.r.zrangebyscore(
+                keys.workers(model), int(time.time() * 1000), "+inf"
+            ):
+                if self.r.hget(keys.worker(member.decode()), "pid") == str(proc.pid).encode():
+                    return True
+            return False
 
         wait_for(up, timeout_s, f"a live {model} worker")
 

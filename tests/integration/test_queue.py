@@ -89,7 +89,9 @@ async def test_admission_cap_is_atomic_and_counts_items(queue: JobQueue) -> None
 async def test_idempotency_key_returns_the_first_job(queue: JobQueue) -> None:
     first = await queue.submit(Job(id="k1", model="echo", inputs=["x"]), idempotency_key="h")
     second = await queue.submit(Job(id="k2", model="echo", inputs=["x"]), idempotency_key="h")
-    other = await queue.submit(Job(id="k3", model="echo", inputs=["x"], tenant="t2"), idempotency_key="h")
+    other = await queue.submit(
+        Job(id="k3", model="echo", inputs=["x"], tenant="t2"), idempotency_key="h"
+    )
     assert first.outcome == "created" and (second.outcome, second.job_id) == ("duplicate", "k1")
     assert other.outcome == "created"  # keys are per tenant
     assert await queue.get("k2") is None
@@ -104,7 +106,9 @@ async def test_cancel_only_if_queued_and_hand_back(queue: JobQueue) -> None:
     (running,) = await queue.claim(["c1"], 5)
     assert running is not None
     cancelled = encode_final(Status.CANCELLED, finished_ms=6, error=JobError("cancelled", "x"))
-    assert await queue.cancel(running, cancelled, only_if_queued=True) == 2  # started: not cancelled
+    assert (
+        await queue.cancel(running, cancelled, only_if_queued=True) == 2
+    )  # started: not cancelled
     await queue.hand_back([entry])  # a stopping worker gives it back, uncounted
     back = await queue.get("c1")
     assert back is not None and back.status is Status.QUEUED and back.attempts == 0

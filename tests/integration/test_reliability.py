@@ -95,7 +95,9 @@ def test_client_disconnect_cancels_unstarted_infer(stack: Stack) -> None:
     except httpx.TimeoutException:
         pass
     again = _post(base, {"input": "nobody waits"}, headers=headers).json()  # same key, same job
-    wait_for(lambda: _job(base, again["id"])["status"] == "cancelled", 10, "the job to be cancelled")
+    wait_for(
+        lambda: _job(base, again["id"])["status"] == "cancelled", 10, "the job to be cancelled"
+    )
 
 
 def test_queue_cap_answers_429_with_computed_retry_after(stack: Stack) -> None:
@@ -129,13 +131,9 @@ def test_priorities_serve_high_first_without_starving_low(stack: Stack) -> None:
             order[lane].append(_post(base, {"input": f"{lane} {i}", "priority": lane}).json()["id"])
     stack.worker(max_batch_size=1, prefetch_items=1, echo_batch_delay_ms=10)
     finished: dict[str, int] = {}
-    for lane, ids in order.items():
-        for job_id in ids:
-            body = _job(base, job_id, wait=30)
-            assert body["status"] == "succeeded"
-    for lane, ids in order.items():
-        for job_id in ids:
-            finished[job_id] = stack_finished(stack, job_id)
+    for job_id in [j for ids in order.values() for j in ids]:
+        assert _job(base, job_id, wait=30)["status"] == "succeeded"
+        finished[job_id] = stack_finished(stack, job_id)
     mean = {lane: sum(finished[j] for j in ids) / len(ids) for lane, ids in order.items()}
     assert mean["high"] < mean["normal"] < mean["low"], mean
     last_high = max(finished[j] for j in order["high"])
@@ -155,7 +153,9 @@ async def test_idempotency_key_racing_submits_create_one_job(stack: Stack) -> No
     async with httpx.AsyncClient(timeout=10) as c:
         replies = await asyncio.gather(
             *(
-                c.post(f"{base}/v1/jobs", json={"input": "once"}, headers={"Idempotency-Key": "race"})
+                c.post(
+                    f"{base}/v1/jobs", json={"input": "once"}, headers={"Idempotency-Key": "race"}
+                )
                 for _ in range(16)
             )
         )
@@ -202,4 +202,6 @@ def test_redis_outage_gives_503_and_recovers(stack: Stack, redis_server) -> None
         assert httpx.get(f"{base}/readyz", timeout=5).status_code == 503
     finally:
         redis_server.start()
-    wait_for(lambda: _post(base, {"input": "after"}, "/v1/infer").status_code == 200, 30, "recovery")
+    wait_for(
+        lambda: _post(base, {"input": "after"}, "/v1/infer").status_code == 200, 30, "recovery"
+    )
