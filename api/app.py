@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api import errors, health, jobs, observability, status
+from api import embeddings, errors, health, jobs, observability, status
 from api.auth import load_api_keys
 from api.limits import BodyLimit
 from api.notifier import Notifier
@@ -54,6 +54,7 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
     app.include_router(jobs.router)
     app.include_router(health.router)
+    app.include_router(embeddings.router)
     app.include_router(observability.router)
     app.include_router(status.router)
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)

@@ -26,16 +26,18 @@ def _parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", help="one device-owning worker against INFERQ_REDIS_URL")
     worker.add_argument("--model", default=None, help="model to serve (default INFERQ_MODEL)")
-    bench = sub.add_parser("bench", help="measure inferq against the alternatives (see bench/)")
-    bench.add_argument("args", nargs=argparse.REMAINDER)
-
-    cal = sub.add_parser("calibrate", help="measure memory per padded token on a device")
-    cal.add_argument("args", nargs=argparse.REMAINDER)
+    # These two parse their own options (`inferq bench --help`, `inferq calibrate --help`).
+    sub.add_parser(
+        "bench", help="measure inferq against the alternatives (see bench/)", add_help=False
+    )
+    sub.add_parser("calibrate", help="measure memory per padded token on a device", add_help=False)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args, rest = _parser().parse_known_args(argv)
+    if rest and args.command not in ("bench", "calibrate"):
+        _parser().error(f"unrecognized arguments: {' '.join(rest)}")
     from shared.settings import Settings
 
     try:
@@ -46,11 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench":
         from inferq.bench import main as bench_main
 
-        return bench_main(args.args)
+        return bench_main(rest)
     if args.command == "calibrate":
         from worker.calibrate import main as calibrate_main
 
-        return calibrate_main(settings, args.args)
+        return calibrate_main(settings, rest)
     if args.command == "api":
         from api.main import main as api_main
 

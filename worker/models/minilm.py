@@ -34,6 +34,41 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def load_tokenizer(path: Path, max_length: int | None) -> tuple[Tokenizer, int]:
+    """The model dir's tokenizer without its baked-in padding, truncating at `max_length`.
+
+    Returns the tokenizer and the pad token id. Shared by the torch and ONNX backends.
+    """
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    # This tokenizer.json ships with fixed 128-token padding and truncation baked in.
+    padding = tokenizer.padding or {}
+    pad_id = int(padding.get("pad_id", tokenizer.token_to_id("[PAD]") or 0))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length or _NO_LIMIT)
+    return tokenizer, pad_id
+
+
+def encode(tokenizer: Tokenizer, inputs: list[str]) -> list[Prepared]:
+    """One item per input: its token ids (int64), costing its token count."""
+    try:
+        encodings = tokenizer.encode_batch(inputs)
+    except (TypeError, ValueError) as e:
+        raise ModelError(f"cannot tokenize input: {e}") from e
+    return [Prepared(len(e.ids), np.asarray(e.ids, dtype=np.int64)) for e in encodings]
+
+
+def pad_batch(batch: list[Any], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad id arrays to the longest: (ids int64, attention mask bool), both (n, longest)."""
+    lengths = np.fromiter((len(p) for p in batch), dtype=np.int64, count=len(batch))
+    ids = np.full((len(batch), int(lengths.max())), pad_id, dtype=np.int64)
+    for row, payload in zip(ids, batch, strict=True):
+        row[: len(payload)] = payload
+    mask = np.arange(ids.shape[1]) < lengths[:, None]
+    return ids, mask
+
+
 class MiniLM:
     """The `Model` protocol over a local sentence-transformers style BERT model."""
 
@@ -69,17 +104,11 @@ class MiniLM:
     def load(self, device: str) -> None:
         import torch
         import transformers
-        from tokenizers import Tokenizer
 
         dev = torch.device(device)
         if self.dtype != "float32" and dev.type != "cuda":
             raise ValueError(f"dtype {self.dtype} needs a cuda device, got {device!r}")
-        tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
-        # This tokenizer.json ships with fixed 128-token padding and truncation baked in.
-        padding = tokenizer.padding or {}
-        self._pad_id = int(padding.get("pad_id", tokenizer.token_to_id("[PAD]") or 0))
-        tokenizer.no_padding()
-        tokenizer.enable_truncation(self.max_cost or _NO_LIMIT)
+        tokenizer, self._pad_id = load_tokenizer(self.path, self.max_cost)
         # device_map would load straight onto the device but needs accelerate, which is
         # not a dependency; loading in the target dtype keeps the CPU staging copy small.
         # transformers renamed `torch_dtype` to `dtype` in 4.56 and warns on the old name.
@@ -94,11 +123,7 @@ class MiniLM:
     def prepare(self, inputs: list[str]) -> list[Prepared]:
         if self._tokenizer is None:
             raise RuntimeError("MiniLM.prepare called before load()")
-        try:
-            encodings = self._tokenizer.encode_batch(inputs)
-        except (TypeError, ValueError) as e:
-            raise ModelError(f"cannot tokenize input: {e}") from e
-        return [Prepared(len(e.ids), np.asarray(e.ids, dtype=np.int64)) for e in encodings]
+        return encode(self._tokenizer, inputs)
 
     def run(self, batch: list[Any]) -> np.ndarray:
         import torch
@@ -107,11 +132,7 @@ class MiniLM:
             raise RuntimeError("MiniLM.run called before load()")
         if not batch:
             return np.zeros((0, self.dim), dtype=np.float32)
-        lengths = np.fromiter((len(p) for p in batch), dtype=np.int64, count=len(batch))
-        ids = np.full((len(batch), int(lengths.max())), self._pad_id, dtype=np.int64)
-        for row, payload in zip(ids, batch, strict=True):
-            row[: len(payload)] = payload
-        mask = np.arange(ids.shape[1]) < lengths[:, None]
+        ids, mask = pad_batch(batch, self._pad_id)
         try:
             with torch.inference_mode():
                 input_ids = torch.from_numpy(ids).to(self._device)

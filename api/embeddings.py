@@ -1,0 +1,178 @@
+"""POST /v1/embeddings: the OpenAI embeddings API, served through the queue like /v1/infer.
+
+Request: `input` (a string or a list of strings; token arrays are refused), `model` (a
+served model name; default INFERQ_MODEL), `encoding_format` ("float" or "base64":
+little-endian float32 bytes, as OpenAI sends them), optional `user` (ignored),
+`dimensions` (accepted only if equal to the model's width: nothing here can shorten a
+vector), and the inferq extension `wait` (seconds, default INFERQ_SYNC_WAIT_S).
+
+Errors use OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`:
+
+| status | type | code | when |
+|---|---|---|---|
+| 400 | invalid_request_error | invalid_request | the body does not validate |
+| 404 | invalid_request_error | model_not_found | a model not served here |
+| 413/422 | invalid_request_error | input_rejected | too many / too long / empty inputs |
+| 413 | invalid_request_error | too_large | an input too large for the device even alone |
+| 500 | server_error | model_error (or the job's code) | the model failed on an input |
+| 504 | timeout_error | timeout | not done within `wait`; `Location` names the job |
+
+A 504 carries `x-should-retry: false`: the official client would otherwise resubmit the
+same texts (it retries 5xx) while the first job is still queued. The job still finishes;
+`GET /v1/jobs/{id}` (the `Location`) returns its vectors. Redis errors keep inferq's
+shape (503 + Retry-After, from the app's handlers), whose `error.message` clients read too.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from api.responses import FastJSON
+from shared.errors import RequestError
+from shared.jobs import Job, Status
+
+router = APIRouter(prefix="/v1", tags=["embeddings"])
+
+# A failed job's error code → HTTP status and OpenAI error type.
+_FAILED: dict[str, tuple[int, str]] = {
+    "too_large": (413, "invalid_request_error"),
+    "input_rejected": (422, "invalid_request_error"),
+}
+
+
+class EmbeddingsRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # OpenAI clients may send fields we do not use
+
+    input: str | list[str] = Field(
+        description="Text or texts to embed; token arrays are not supported."
+    )
+    model: str | None = Field(None, description="Served model name; default INFERQ_MODEL.")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, gt=0, description="Must equal the model's width.")
+    user: str | None = None
+    wait: float | None = Field(
+        None, ge=0, description="inferq: seconds to wait before 504 (default INFERQ_SYNC_WAIT_S)."
+    )
+
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else self.input
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: Usage
+
+
+def openai_error(
+    status: int, message: str, type_: str, code: str, *, param: str | None = None, **kw: Any
+) -> FastJSON:
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return FastJSON(body, status_code=status, **kw)
+
+
+def approx_tokens(text: str) -> int:
+    """Whitespace words, at least 1.
+
+    An approximation: the API never loads a tokenizer (no tokenizers/torch here), and the
+    job record does not carry per-item token counts yet. Wordpiece tokens are typically
+    ~1.3× the word count for English; the worker knows the exact costs and could store them.
+    """
+    return max(1, len(text.split()))
+
+
+def _encode(row: np.ndarray, fmt: str) -> np.ndarray | str:
+    if fmt == "base64":
+        return base64.b64encode(np.ascontiguousarray(row, dtype="<f4").tobytes()).decode("ascii")
+    return row  # orjson writes numpy rows natively
+
+
+def _failed(job: Job) -> FastJSON:
+    code = job.error.code if job.error else "model_error"
+    message = job.error.message if job.error else f"job {job.id} {job.status}"
+    status, type_ = _FAILED.get(code, (500, "server_error"))
+    return openai_error(status, message, type_, code)
+
+
+@router.post(
+    "/embeddings",
+    response_model=EmbeddingsResponse,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": EmbeddingsRequest.model_json_schema()}},
+        }
+    },
+)
+async def create_embeddings(request: Request) -> FastJSON:
+    """OpenAI-compatible embeddings: one vector per input, in input order."""
+    try:
+        req = EmbeddingsRequest.model_validate_json(await request.body())
+    except ValidationError as e:
+        first = e.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ())) or None
+        message = "; ".join(
+            f"{'.'.join(str(p) for p in err.get('loc', ())) or 'body'}: {err.get('msg', '')}"
+            for err in e.errors()
+        )
+        return openai_error(400, message, "invalid_request_error", "invalid_request", param=param)
+    texts = req.texts()
+    if not texts:
+        return openai_error(
+            400, "'input' is empty", "invalid_request_error", "invalid_request", param="input"
+        )
+    jobs = request.app.state.jobs
+    try:
+        job = await jobs.submit(texts, req.model)
+        job = await jobs.wait(job.id, jobs.clamp_wait(req.wait, jobs.settings.sync_wait_s))
+    except RequestError as e:
+        return openai_error(e.status_code, str(e), "invalid_request_error", e.code)
+    if not job.status.is_final:
+        return openai_error(
+            504,
+            f"job {job.id} is still {job.status}; GET /v1/jobs/{job.id} for its result",
+            "timeout_error",
+            "timeout",
+            headers={"Location": f"/v1/jobs/{job.id}", "x-should-retry": "false"},
+        )
+    if job.status != Status.SUCCEEDED or job.outputs is None:
+        return _failed(job)
+    outputs = job.outputs
+    if req.dimensions is not None and req.dimensions != outputs.shape[1]:
+        return openai_error(
+            400,
+            f"dimensions={req.dimensions} is not supported: {job.model} returns {outputs.shape[1]}",
+            "invalid_request_error",
+            "invalid_request",
+            param="dimensions",
+        )
+    tokens = sum(approx_tokens(t) for t in texts)
+    data = [
+        {"object": "embedding", "index": i, "embedding": _encode(row, req.encoding_format)}
+        for i, row in enumerate(outputs)
+    ]
+    return FastJSON(
+        {
+            "object": "list",
+            "data": data,
+            "model": job.model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+    )
