@@ -58,6 +58,13 @@ _INT_FIELDS = frozenset(
     }
 )
 _FLOAT_FIELDS = frozenset({"items_per_s"})
+# Output order (the hash's own order is arbitrary); fields not listed follow, sorted.
+_ORDER = (
+    "id", "host", "pid", "model", "backend", "device", "token_ceiling", "items_per_s",
+    "last_batch_size", "last_batch_tokens", "last_batch_at_ms", "batches", "ooms",
+    "held_items", "mem_allocated", "mem_reserved", "mem_total", "beat_ms",
+)  # fmt: skip
+_RANK = {f: i for i, f in enumerate(_ORDER)}
 _UNREACHABLE = (RedisError, OSError, TimeoutError)
 
 
@@ -82,6 +89,10 @@ def _number(v: str, kind: type[int] | type[float]) -> int | float | str | None:
         return v  # keep what the worker wrote rather than lose it
 
 
+def _field_rank(kv: tuple[str, str]) -> tuple[int, str]:
+    return _RANK.get(kv[0], len(_RANK)), kv[0]
+
+
 def decode_heartbeat(raw: Mapping[bytes | str, bytes | str]) -> dict[str, Any]:
     """A heartbeat hash as JSON-ready values: numbers as numbers, calibration parsed.
 
@@ -89,8 +100,8 @@ def decode_heartbeat(raw: Mapping[bytes | str, bytes | str]) -> dict[str, Any]:
     a calibration that is not JSON is returned as its string.
     """
     out: dict[str, Any] = {}
-    for k, v in raw.items():
-        key, val = _text(k), _text(v)
+    fields = sorted(((_text(k), _text(v)) for k, v in raw.items()), key=_field_rank)
+    for key, val in fields:
         if key in _INT_FIELDS:
             out[key] = _number(val, int)
         elif key in _FLOAT_FIELDS:

