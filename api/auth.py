@@ -41,7 +41,7 @@ def load_api_keys(settings: Settings) -> dict[bytes, str]:
     return keys
 
 
-def authenticate(request: Request) -> str:
+async def authenticate(request: Request) -> str:
     """The caller's tenant ('' when the API is open)."""
     keys: dict[bytes, str] = request.app.state.api_keys
     if not keys:

@@ -1,4 +1,4 @@
-"""Dependency aliases so route signatures stay short."""
+"""Dependency aliases so route signatures stay short (async: no threadpool hop per request)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from api.service import JobService
 from shared.settings import Settings
 
 
-def _jobs(request: Request) -> JobService:
+async def _jobs(request: Request) -> JobService:
     return request.app.state.jobs
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     return request.app.state.settings
 
 

@@ -14,12 +14,13 @@ Errors use OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`:
 | 404 | invalid_request_error | model_not_found | a model not served here |
 | 413/422 | invalid_request_error | input_rejected | too many / too long / empty inputs |
 | 413 | invalid_request_error | too_large | an input too large for the device even alone |
-| 500 | server_error | model_error (or the job's code) | the model failed on an input |
-| 504 | timeout_error | timeout | not done within `wait`; `Location` names the job |
+| 422 | invalid_request_error | model_error / poisoned | the model failed on an input |
+| 429 | rate_limit_error | expired / overloaded | the deadline passed, or the queue is full |
+| 202 | – | – | not done within `wait`: `{id, status}` and a `Location` naming the job |
 
-A 504 carries `x-should-retry: false`: the official client would otherwise resubmit the
-same texts (it retries 5xx) while the first job is still queued. The job still finishes;
-`GET /v1/jobs/{id}` (the `Location`) returns its vectors. Redis errors keep inferq's
+A 202 carries `x-should-retry: false` so a client never resubmits the same texts while the
+first job is still queued (an OpenAI client raises on it: give it a `wait` that fits). The
+job still finishes; `GET /v1/jobs/{id}` (the `Location`) returns its vectors. Redis errors keep inferq's
 shape (503 + Retry-After, from the app's handlers), whose `error.message` clients read too.
 """
 
@@ -32,6 +33,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from api.auth import Tenant
 from api.responses import FastJSON
 from shared.errors import RequestError
 from shared.jobs import Job, Status
@@ -39,9 +41,15 @@ from shared.jobs import Job, Status
 router = APIRouter(prefix="/v1", tags=["embeddings"])
 
 # A failed job's error code → HTTP status and OpenAI error type.
+# A failed job is about its input (or the load), never a server fault the client could not
+# have caused: 4xx, so nothing a client sends turns into a 5xx.
 _FAILED: dict[str, tuple[int, str]] = {
     "too_large": (413, "invalid_request_error"),
     "input_rejected": (422, "invalid_request_error"),
+    "model_error": (422, "invalid_request_error"),
+    "poisoned": (422, "invalid_request_error"),
+    "expired": (429, "rate_limit_error"),
+    "cancelled": (409, "invalid_request_error"),
 }
 
 
@@ -56,7 +64,9 @@ class EmbeddingsRequest(BaseModel):
     dimensions: int | None = Field(None, gt=0, description="Must equal the model's width.")
     user: str | None = None
     wait: float | None = Field(
-        None, ge=0, description="inferq: seconds to wait before 504 (default INFERQ_SYNC_WAIT_S)."
+        None,
+        ge=0,
+        description="inferq: seconds to wait before answering 202 (default INFERQ_SYNC_WAIT_S).",
     )
 
     def texts(self) -> list[str]:
@@ -121,7 +131,7 @@ def _failed(job: Job) -> FastJSON:
         }
     },
 )
-async def create_embeddings(request: Request) -> FastJSON:
+async def create_embeddings(request: Request, tenant: Tenant) -> FastJSON:
     """OpenAI-compatible embeddings: one vector per input, in input order."""
     try:
         req = EmbeddingsRequest.model_validate_json(await request.body())
@@ -140,16 +150,14 @@ async def create_embeddings(request: Request) -> FastJSON:
         )
     jobs = request.app.state.jobs
     try:
-        job = await jobs.submit(texts, req.model)
-        job = await jobs.wait(job.id, jobs.clamp_wait(req.wait, jobs.settings.sync_wait_s))
+        job = await jobs.submit(texts, req.model, tenant=tenant)
+        job = await jobs.wait(job.id, jobs.clamp_wait(req.wait, jobs.settings.sync_wait_s), tenant)
     except RequestError as e:
         return openai_error(e.status_code, str(e), "invalid_request_error", e.code)
     if not job.status.is_final:
-        return openai_error(
-            504,
-            f"job {job.id} is still {job.status}; GET /v1/jobs/{job.id} for its result",
-            "timeout_error",
-            "timeout",
+        return FastJSON(
+            {"id": job.id, "status": str(job.status), "model": job.model},
+            status_code=202,
             headers={"Location": f"/v1/jobs/{job.id}", "x-should-retry": "false"},
         )
     if job.status != Status.SUCCEEDED or job.outputs is None:

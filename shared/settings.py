@@ -96,7 +96,29 @@ class Settings(BaseSettings):
     )
     max_batch_size: int = Field(32, gt=0, description="Items per batch.")
     max_wait_ms: float = Field(
-        5.0, ge=0, description="How long the first pending item waits for others: latency vs. fill."
+        0.0,
+        ge=0,
+        description="How long the first pending item may wait for others when the device is idle. "
+        "0: run at once; under load batches still fill with what arrives while the device is busy. "
+        "Raise it (a few ms) when one big batch costs about what one item does (GPUs) and load is moderate.",
+    )
+    min_padding_efficiency: float = Field(
+        0.75,
+        ge=0,
+        le=1,
+        description="Least real ÷ padded tokens a multi-item batch may have. Higher wastes less "
+        "compute on padding but runs more, smaller batches on mixed lengths; 0 packs by bounds only.",
+    )
+    model_threads: int = Field(
+        0,
+        ge=0,
+        description="Batches run at once, each in its own model thread. 0 = auto = 1 (one device, "
+        "one stream). More can help a many-core CPU device; pair it with intra_op_threads.",
+    )
+    intra_op_threads: int = Field(
+        0,
+        ge=0,
+        description="Threads per batch (torch / ONNX Runtime). 0 = auto: cores ÷ model_threads on CPU.",
     )
     prefetch_items: int = Field(
         0,

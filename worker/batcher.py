@@ -13,9 +13,10 @@ Invariants of ``Batcher.next_batch``:
   exceeds ``max_batch_tokens`` is returned alone and at once, since nothing could ever join it.
 * Packing: in (cost, add order) order the batch grows from the anchor over a run contiguous
   in cost, each step taking the shorter or longer neighbour whose cost is closest to the
-  anchor's (ties: shorter, then older) while both bounds hold. Among equal costs the older
-  items are taken. Unless the batch is size-full, no item left pending could join it without
-  breaking the token bound.
+  anchor's (ties: shorter, then older) while both bounds hold and the batch stays at least
+  ``min_fill`` full (real tokens ÷ padded tokens: padding is compute spent on nothing). Among
+  equal costs the older items are taken. With ``min_fill == 0``, unless the batch is
+  size-full, no item left pending could join it without breaking the token bound.
 * Due when ``force`` is set; when the packing is full (it reached ``max_batch_size``, or a bound
   stopped it while items remain pending); or when ``now >= oldest.arrived + max_wait_s``.
   Equivalently, nothing is due iff not forced, before the wait, fewer than ``max_batch_size``
@@ -53,8 +54,13 @@ def _positive_int(name: str, value: object) -> int:
 
 
 class Batcher:
-    def __init__(self, max_batch_tokens: int, max_batch_size: int, max_wait_s: float) -> None:
+    def __init__(
+        self, max_batch_tokens: int, max_batch_size: int, max_wait_s: float, min_fill: float = 0.0
+    ) -> None:
         self.max_batch_tokens = _positive_int("max_batch_tokens", max_batch_tokens)
+        if not 0.0 <= min_fill <= 1.0:
+            raise ValueError(f"min_fill must be within [0, 1], got {min_fill!r}")
+        self.min_fill = float(min_fill)
         self.max_batch_size = _positive_int("max_batch_size", max_batch_size)
         if isinstance(max_wait_s, bool) or not isinstance(max_wait_s, int | float):
             raise ValueError(f"max_wait_s must be a number >= 0, got {max_wait_s!r}")
@@ -129,21 +135,33 @@ class Batcher:
         """Grow the index run [lo, hi] around ``a`` in cost order; return it and its max cost."""
         order = self._by_cost
         size_cap, token_cap = self.max_batch_size, self.max_batch_tokens
-        anchor_cost = top = order[a][0]
+        anchor_cost = top = real = order[a][0]
+        fill = self.min_fill
         lo = hi = a
         while hi - lo + 1 < size_cap:
             after = hi - lo + 2
-            # A neighbour that does not fit now never will: the count only grows, and the
-            # max cost never falls. So checking the two adjacent items is enough.
-            down = lo > 0 and after * top <= token_cap
-            up = hi + 1 < len(order) and after * order[hi + 1][0] <= token_cap
+            # A neighbour that does not fit now never will: the count only grows, the max cost
+            # never falls, and the next neighbour out is further from the run's costs. So
+            # checking the two adjacent items is enough.
+            down = (
+                lo > 0
+                and after * top <= token_cap
+                and real + order[lo - 1][0] >= fill * after * top
+            )
+            up = (
+                hi + 1 < len(order)
+                and after * order[hi + 1][0] <= token_cap
+                and real + order[hi + 1][0] >= fill * after * order[hi + 1][0]
+            )
             if down and up:
                 down = anchor_cost - order[lo - 1][0] <= order[hi + 1][0] - anchor_cost
             if down:
                 lo -= 1
+                real += order[lo][0]
             elif up:
                 hi += 1
                 top = order[hi][0]
+                real += top
             else:
                 break
         return lo, hi, top

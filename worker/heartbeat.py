@@ -101,11 +101,10 @@ class Heartbeat:
         w = self.w
         ttl_ms = int(w.settings.heartbeat_ttl_s * 1000)
         now = now_ms()
-        if w.batch_started is None:
+        if not w.batch_starts:
             self.memory = _device_memory(w.device)
-        stuck = w.batch_started is not None and (
-            time.monotonic() - w.batch_started > w.settings.visibility_timeout_s
-        )
+        oldest = min(w.batch_starts.values(), default=None)
+        stuck = oldest is not None and time.monotonic() - oldest > w.settings.visibility_timeout_s
         async with w.redis.pipeline(transaction=False) as p:
             p.hset(keys.worker(w.consumer), mapping=self.record())
             p.pexpire(keys.worker(w.consumer), ttl_ms)

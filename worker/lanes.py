@@ -1,9 +1,8 @@
 """Which priority lane a worker reads first, read by read.
 
-The rule: `high` first, then `normal`, then `low`; but every 4th read starts with
-`normal` and every 8th with `low`. A lane that always has work therefore gets at least
-1 read in 8 first, so a flood of high-priority jobs delays lower lanes but never starves
-them.
+The rule: reads try `high`, then `normal`, then `low`; but of every 8 reads, one starts
+with `normal` and one with `low`. A lane that always has work therefore goes first at least
+once in 8 reads, so a flood of high-priority jobs delays lower lanes but never starves them.
 """
 
 from __future__ import annotations

@@ -60,7 +60,8 @@ class JobState:
     final_status: Status | None = None
     batch_size: int = 0
     batch_tokens: int = 0
-    started_items: int = 0
+    started_items: int = 0  # items handed to a batch so far (0: the job can be handed back)
+    counted: bool = False  # its first device start is counted in `attempts`
     dead_letter: bool = False
     solo_items: list[Item] | None = None
 
@@ -86,6 +87,7 @@ class Worker:
         ceiling_reason: str = "",
         metrics: WorkerMetrics | None = None,
         backend: str = "",
+        model_threads: int = 1,
     ) -> None:
         self.settings = settings
         self.model = model
@@ -99,23 +101,27 @@ class Worker:
         self.ceiling = LiveCeiling(max(top, max_cost), max_cost, settings.ceiling_recover_after)
         self.ceiling_reason = ceiling_reason
         self.batcher = Batcher(
-            self.ceiling.value, settings.max_batch_size, settings.max_wait_ms / 1000
-        )
+            self.ceiling.value, settings.max_batch_size, settings.max_wait_ms / 1000,
+            settings.min_padding_efficiency,
+        )  # fmt: skip
         self.metrics = metrics
         self.stats = Stats()
         self.jobs: dict[str, JobState] = {}
         self.solo: deque[JobState] = deque()  # redelivered jobs run alone (guide #4)
-        # bound: one model thread; a second would only contend for the same device.
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="inferq-model")
+        # bound: one thread per batch allowed in flight (1 on a GPU: a second would only
+        # contend for the same device; on a CPU, one core per batch beats splitting ops).
+        self.model_threads = model_threads
+        self._executor = ThreadPoolExecutor(model_threads, thread_name_prefix="inferq-model")
         self._wake = asyncio.Event()  # new items, or stop
         self._room = asyncio.Event()  # prefetch room freed
         # unbounded on purpose: finished results must never be dropped or block the device.
         self._finished: asyncio.Queue[Final] = asyncio.Queue()
         self._stopping = asyncio.Event()
         self._running_items = 0
+        self._backlog = True  # until a read comes back short, assume work is waiting
         self._stale: list[Entry] = []  # entries to ack without a result (already final)
         self._posting: set[str] = set()  # finalised here, not yet written: never re-admit
-        self.batch_started: float | None = None
+        self.batch_starts: dict[int, float] = {}  # batch → when it started (stuck detection)
         self.heartbeat = Heartbeat(self, backend=backend)
 
     # --- lifecycle ---
@@ -246,17 +252,22 @@ class Worker:
                 self.model_name, self.consumer, count=count, block_ms=None, pending=True
             )
         got: list[Entry] = []
-        for lane in lane_order(read_no):
-            got += await self.queue.read(
-                self.model_name, self.consumer, count=count - len(got), block_ms=None, lanes=(lane,)
+        if self._backlog:
+            # A backlog: read lane by lane, so priorities decide who gets into the batcher.
+            for lane in lane_order(read_no):
+                got += await self.queue.read(
+                    self.model_name, self.consumer, count=count - len(got), block_ms=None,
+                    lanes=(lane,),
+                )  # fmt: skip
+                if len(got) >= count:
+                    return got
+        if not got:
+            # No backlog: one blocking read over every lane answers as soon as anything arrives.
+            got = await self.queue.read(
+                self.model_name, self.consumer, count=count, block_ms=self.settings.read_block_ms
             )
-            if len(got) >= count:
-                return got
-        if got:
-            return got
-        return await self.queue.read(
-            self.model_name, self.consumer, count=count, block_ms=self.settings.read_block_ms
-        )
+        self._backlog = len(got) >= count
+        return got
 
     async def _take_over(self) -> list[Entry]:
         """Claim entries of consumers whose heartbeat is gone, and of any stuck past the timeout."""
@@ -356,12 +367,19 @@ class Worker:
 
     # --- run ---
     async def _run_loop(self) -> int:
-        """Run batches until stopped; returns how many jobs were handed back."""
+        """Run batches (up to `model_threads` at once) until stopped; returns jobs handed back."""
         handed_back = 0
+        running: set[asyncio.Task[None]] = set()
         while True:
+            for t in [t for t in running if t.done()]:
+                running.discard(t)
+                t.result()  # a batch task that raised takes the worker down
             now = time.monotonic()
             self._expire_due()
             if self.solo:
+                if running:  # a suspect runs with nothing beside it: it can only kill itself
+                    await asyncio.wait(running)
+                    continue
                 # Least suspicious first: a job that was on the device at more crashes waits.
                 state = min(self.solo, key=lambda st: st.job.attempts)
                 self.solo.remove(state)
@@ -370,17 +388,26 @@ class Worker:
             stopping = self._stopping.is_set()
             if stopping and not handed_back:
                 handed_back = await self._hand_back_unstarted()
-            batch = self.batcher.next_batch(now, force=stopping)
+            batch = None
+            if len(running) < self.model_threads:
+                batch = self.batcher.next_batch(now, force=stopping)
             if batch is None:
-                if stopping:
+                if stopping and not running and not len(self.batcher):
                     return handed_back
-                due = self.batcher.due_at()
+                due = None if len(running) >= self.model_threads else self.batcher.due_at()
                 self._wake.clear()
+                waits: set[asyncio.Future[object]] = {
+                    asyncio.ensure_future(self._wake.wait()),
+                    *running,
+                }
                 timeout = None if due is None else max(0.0, due - now)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout)
+                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                for f in waits - set(running):
+                    f.cancel()
                 continue
-            await self._run_batch(batch)
+            for it in batch.items:  # claimed now, so a stop never hands back a job mid-run
+                it.key[0].started_items += 1
+            running.add(asyncio.create_task(self._run_batch(batch)))
 
     async def _hand_back_unstarted(self) -> int:
         """On stop: jobs with no item started go back to the queue now, not after a timeout."""
@@ -412,10 +439,12 @@ class Worker:
     async def _run_solo(self, state: JobState) -> None:
         if state.error is not None:
             return
-        solo = Batcher(self.ceiling.value, self.batcher.max_batch_size, 0.0)
+        solo = Batcher(self.ceiling.value, self.batcher.max_batch_size, 0.0, self.batcher.min_fill)
         for it in state.solo_items or ():
             solo.add(it)
         while (batch := solo.next_batch(time.monotonic(), force=True)) is not None:
+            for it in batch.items:
+                it.key[0].started_items += 1
             await self._run_batch(batch)
 
     async def _start_batch(self, batch: Batch) -> list[Item]:
@@ -425,11 +454,12 @@ class Worker:
         )
         try:
             statuses = await self.queue.start(
-                [s.job.id for s in states], [s.started_items == 0 for s in states]
+                [s.job.id for s in states], [not s.counted for s in states]
             )
         except REDIS_DOWN:
             statuses = [b""] * len(states)  # cannot check: run them; finish stays guarded
         for s, raw in zip(states, statuses, strict=True):
+            s.counted = True
             if raw and raw not in _NOT_FINAL:
                 self._drop(s)
         return [
@@ -445,14 +475,14 @@ class Worker:
         self._stale.append(state.entry)
 
     async def _run_batch(self, batch: Batch) -> None:
-        live = await self._start_batch(batch)
-        self._running_items = len(live)
-        self.batch_started = time.monotonic()
+        key = id(batch)
+        self._running_items += len(batch.items)
+        self.batch_starts[key] = time.monotonic()
         try:
-            await self._run_items(live)
+            await self._run_items(await self._start_batch(batch))
         finally:
-            self._running_items = 0
-            self.batch_started = None
+            self._running_items -= len(batch.items)
+            del self.batch_starts[key]
             self._room.set()
 
     async def _run_items(self, items: list[Item]) -> None:
@@ -463,8 +493,6 @@ class Worker:
         if padded > self.ceiling.value and len(items) > 1:
             await self._split(items)  # the ceiling dropped since this batch was packed
             return
-        for it in items:
-            it.key[0].started_items += 1
         t0 = time.perf_counter()
         try:
             out = await asyncio.get_running_loop().run_in_executor(

@@ -510,3 +510,38 @@ def test_property_force_drain_serves_each_item_once_oldest_first(
 def _must(batch: Batch | None) -> Batch:
     assert batch is not None
     return batch
+
+
+def test_min_fill_keeps_lengths_apart_and_releases_at_once() -> None:
+    b = Batcher(max_batch_tokens=10_000, max_batch_size=32, max_wait_s=10.0, min_fill=0.8)
+    for cost in (10, 11, 12, 200, 210, 12):
+        b.add(Item(key=cost, cost=cost, arrived=0.0))
+    first = b.next_batch(0.0)  # not forced, before the wait: due because the rule left items out
+    assert first is not None and sorted(it.cost for it in first.items) == [10, 11, 12, 12]
+    second = b.next_batch(0.0, force=True)
+    assert second is not None and sorted(it.cost for it in second.items) == [200, 210]
+    for batch in (first, second):
+        real = sum(it.cost for it in batch.items)
+        assert real / batch.padded_tokens >= 0.8
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    costs=st.lists(st.integers(1, 300), min_size=1, max_size=60),
+    fill=st.floats(0.0, 1.0),
+)
+def test_min_fill_holds_for_every_multi_item_batch(costs: list[int], fill: float) -> None:
+    b = Batcher(max_batch_tokens=4096, max_batch_size=16, max_wait_s=0.0, min_fill=fill)
+    for i, cost in enumerate(costs):
+        b.add(Item(key=i, cost=cost, arrived=0.0))
+    seen = 0
+    while (batch := b.next_batch(0.0)) is not None:
+        seen += len(batch.items)
+        if len(batch.items) > 1:
+            assert sum(it.cost for it in batch.items) >= fill * batch.padded_tokens - 1e-9
+    assert seen == len(costs)
+
+
+def test_min_fill_is_validated() -> None:
+    with pytest.raises(ValueError, match="min_fill"):
+        Batcher(10, 2, 0.0, min_fill=1.5)

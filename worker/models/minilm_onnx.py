@@ -201,7 +201,12 @@ class MiniLMOnnx:
     """The `Model` protocol over an ONNX export of a `MiniLM` model dir."""
 
     def __init__(
-        self, path: str | None = None, variant: str = "fp32", *, cache_dir: Path | str
+        self,
+        path: str | None = None,
+        variant: str = "fp32",
+        *,
+        cache_dir: Path | str,
+        intra_op_threads: int = 0,
     ) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"onnx variant must be one of {VARIANTS}, got {variant!r}")
@@ -210,6 +215,7 @@ class MiniLMOnnx:
         self.dim: int = spec.dim
         self.max_cost: int | None = spec.max_cost
         self.variant = variant
+        self.intra_op_threads = intra_op_threads
         self.cache_dir = Path(cache_dir)
         self.onnx_path: Path | None = None
         self.exported = False  # True when load() had to export (cache miss)
@@ -225,6 +231,10 @@ class MiniLMOnnx:
         self._tokenizer, self._pad_id = load_tokenizer(self.path, self.max_cost)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if self.intra_op_threads:
+            options.intra_op_num_threads = self.intra_op_threads
+        # Spinning threads steal the cores the API and the event loop need between batches.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._session = ort.InferenceSession(
             str(self.onnx_path), options, providers=_providers(device)
         )

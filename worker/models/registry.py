@@ -19,7 +19,7 @@ class ModelLoadError(RuntimeError):
     """The model spec points at nothing loadable; the message says what was tried."""
 
 
-def build_model(spec: ModelSpec, settings: Settings) -> Model:
+def build_model(spec: ModelSpec, settings: Settings, *, intra_op_threads: int = 0) -> Model:
     if spec.target == "echo":
         from worker.models.echo import EchoModel
 
@@ -28,8 +28,9 @@ def build_model(spec: ModelSpec, settings: Settings) -> Model:
         from worker.models.minilm_onnx import MiniLMOnnx
 
         return MiniLMOnnx(
-            settings.model_path, variant=settings.onnx_variant, cache_dir=settings.data_dir / "onnx"
-        )
+            settings.model_path, variant=settings.onnx_variant, cache_dir=settings.data_dir / "onnx",
+            intra_op_threads=intra_op_threads,
+        )  # fmt: skip
     if spec.target == "minilm":
         from worker.models.minilm import MiniLM
 
