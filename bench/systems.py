@@ -1,0 +1,124 @@
+"""How each system under test is started on 127.0.0.1, and what to measure it by."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from bench.load import Target
+from bench.procs import Proc, bench_env, python, wait_for, wait_http
+from inferq.redis_server import RedisServer, free_port
+from shared import keys
+
+MAX_WAIT_MS = 5.0  # inferq's INFERQ_MAX_WAIT_MS default; LitServe gets the same batch_timeout
+MAX_BATCH_SIZE = 32  # inferq's INFERQ_MAX_BATCH_SIZE default; LitServe gets the same
+
+
+@dataclass
+class Running:
+    """A started system: where to send load, whose memory to read, what to stop."""
+
+    name: str
+    target: Target
+    mem_pid: int
+    procs: list[Proc] = field(default_factory=list)
+    worker: Proc | None = None
+    redis_server: RedisServer | None = None
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+        if self.redis_server is not None:
+            self.redis_server.stop()
+
+
+def _base_env(device: str, backend: str, extra: dict[str, str]) -> dict[str, str]:
+    return bench_env(BENCH_DEVICE=device, BENCH_BACKEND=backend, **extra)
+
+
+def seed(log_dir: Path, device: str, backend: str, extra: dict[str, str]) -> Running:
+    port = free_port()
+    argv = ["-m", "uvicorn", "bench.seed_app:app", "--host", "127.0.0.1", "--port", str(port),
+            "--log-level", "warning", "--no-access-log"]  # fmt: skip
+    proc = python("seed", argv, _base_env(device, backend, extra), log_dir)
+    base = f"http://127.0.0.1:{port}"
+    run = Running("seed", Target((base,), "seed"), proc.pid, [proc])
+    try:
+        wait_http(proc, f"{base}/healthz")
+    except Exception:
+        run.close()
+        raise
+    return run
+
+
+def litserve(log_dir: Path, device: str, backend: str, extra: dict[str, str]) -> Running:
+    port = free_port()
+    env = _base_env(device, backend, extra)
+    env.update(
+        BENCH_MAX_BATCH_SIZE=str(MAX_BATCH_SIZE), BENCH_BATCH_TIMEOUT_S=str(MAX_WAIT_MS / 1000)
+    )
+    proc = python("litserve", ["-m", "bench.litserve_app", str(port)], env, log_dir)
+    base = f"http://127.0.0.1:{port}"
+    run = Running("litserve", Target((base,), "litserve"), proc.pid, [proc])
+    try:
+        wait_http(proc, f"{base}/health")
+    except Exception:
+        run.close()
+        raise
+    return run
+
+
+def inferq_env(
+    url: str, model: str, device: str, backend: str, level: str, extra: dict[str, str]
+) -> dict[str, str]:
+    env = bench_env(INFERQ_REDIS_URL=url, INFERQ_MODEL=model, INFERQ_DEVICE=device,
+                    INFERQ_BACKEND=backend, INFERQ_LOG_LEVEL=level)  # fmt: skip
+    env.update(extra)
+    return env
+
+
+def inferq(
+    log_dir: Path,
+    device: str,
+    backend: str,
+    extra: dict[str, str],
+    *,
+    model: str = "minilm",
+    apis: int = 1,
+) -> Running:
+    """Redis + one worker + `apis` API processes. The worker logs at DEBUG: its per-batch
+    line is how the bench counts batches and padded tokens."""
+    server = RedisServer(log_dir / f"redis-{model}", appendonly=True)
+    server.start()
+    run = Running(f"inferq-{model}", Target((), "infer"), 0, redis_server=server)
+    try:
+        wenv = inferq_env(server.url, model, device, backend, "DEBUG", extra)
+        worker = python(f"worker-{model}", ["-m", "inferq.cli", "worker"], wenv, log_dir)
+        run.procs.append(worker)
+        run.worker, run.mem_pid = worker, worker.pid
+        r = redis.Redis.from_url(server.url)
+
+        def up() -> bool:
+            worker.check()
+            return bool(r.zrangebyscore(keys.workers(model), int(time.time() * 1000), "+inf"))
+
+        wait_for(up, 180, f"a live {model} worker")
+        r.close()
+        bases = []
+        for i in range(apis):
+            port = free_port()
+            aenv = inferq_env(server.url, model, device, backend, "WARNING", extra)
+            api = python(
+                f"api{i}-{model}", ["-m", "inferq.cli", "api", "--port", str(port)], aenv, log_dir
+            )
+            run.procs.append(api)
+            bases.append(f"http://127.0.0.1:{port}")
+            wait_http(api, f"{bases[-1]}/healthz")
+    except Exception:
+        run.close()
+        raise
+    run.target = Target(tuple(bases), "infer")
+    return run

@@ -1,0 +1,147 @@
+"""`inferq bench`: inferq beside the model alone, the seed pattern and LitServe, one run.
+
+See bench/ for the parts and docs/benchmarks.md for what each number means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+ALL_SYSTEMS = "ceiling,seed,inferq,jobs,litserve,frontend"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="inferq bench", description=__doc__)
+    p.add_argument("--corpus", default="short,mixed", help="comma-separated: short, mixed")
+    p.add_argument("--concurrency", default="1,8,32,128", help="closed-loop client counts")
+    p.add_argument("--duration", type=float, default=6.0, help="measured seconds per point")
+    p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each point")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    p.add_argument("--backend", default="torch", choices=("torch", "onnx"))
+    p.add_argument("--repeat", type=int, default=1, help="runs; the table shows medians")
+    p.add_argument("--systems", default=ALL_SYSTEMS, help=f"subset of {ALL_SYSTEMS}")
+    p.add_argument("--env", action="append", default=[], help="KEY=VALUE for every server process")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1,8,32 clients, 2 s points")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results"), help="results directory")
+    p.add_argument(
+        "--docs", default=str(ROOT / "docs"), help="where benchmarks.md/png go ('' = skip)"
+    )
+    return p
+
+
+def machine() -> str:
+    """One line: cores, CPU model, RAM, Python (what docs/benchmarks.md says it ran on)."""
+    import os
+
+    cpu = "unknown CPU"
+    mem_kb = 0
+    try:
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+        mem_kb = next(
+            int(line.split()[1])
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal")
+        )
+    except (OSError, StopIteration):
+        pass
+    return (f"Machine: {os.cpu_count()} cores (`nproc`), {cpu}, {mem_kb / 2**20:.1f} GiB RAM, "
+            f"{platform.system()} {platform.release()}, Python {platform.python_version()}.")  # fmt: skip
+
+
+def _onnx_ok(backend: str) -> str | None:
+    if backend != "onnx":
+        return None
+    try:
+        import worker.models.minilm_onnx  # noqa: F401
+    except ImportError as e:
+        return f"--backend onnx: worker.models.minilm_onnx does not import ({e}); skipped"
+    return None
+
+
+def main(argv: list[str]) -> int:
+    # `inferq bench -- --quick`: the CLI's REMAINDER keeps the "--" in front.
+    args = _parser().parse_args(argv[1:] if argv[:1] == ["--"] else argv)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tqdm import tqdm
+
+    from bench import report, stats
+    from bench.runner import Plan, run_once
+
+    if (msg := _onnx_ok(args.backend)) is not None:
+        print(msg, file=sys.stderr)
+        return 0
+    conc = "1,8,32" if args.quick and args.concurrency == "1,8,32,128" else args.concurrency
+    plan = Plan(
+        corpora=tuple(c for c in args.corpus.split(",") if c),
+        concurrency=tuple(int(n) for n in conc.split(",") if n),
+        duration_s=2.0 if args.quick else args.duration,
+        warmup_s=0.5 if args.quick else args.warmup,
+        device=args.device,
+        backend=args.backend,
+        systems=tuple(s for s in args.systems.split(",") if s),
+        env=tuple(tuple(kv.split("=", 1)) for kv in args.env),  # type: ignore[misc]
+    )
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs: list[list[dict[str, Any]]] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="inferq-bench-") as tmp,
+        tqdm(total=plan.points() * args.repeat, unit="pt", dynamic_ncols=True) as bar,
+    ):
+        for i in range(args.repeat):
+
+            def tick(what: str, i: int = i) -> None:
+                bar.set_postfix_str(f"run {i + 1}: {what}")
+                bar.update(1)
+
+            runs.append(
+                run_once(
+                    plan, Path(tmp) / f"run{i}", tick, lambda m: tqdm.write(m, file=sys.stderr)
+                )
+            )
+    rows = stats.median_rows(runs, ("system", "corpus", "mode", "load"))
+    title = (f"`inferq bench` {' '.join(argv)} — {args.device}, {args.backend}, "
+             f"median of {args.repeat} run(s), {stamp}")  # fmt: skip
+    md = report.markdown(rows, plan.corpora, title, machine())
+    result = {
+        "stamp": stamp,
+        "argv": argv,
+        "machine": machine(),
+        "plan": plan.__dict__,
+        "median": rows,
+        "runs": runs,
+    }
+    (out / f"{stamp}.json").write_text(json.dumps(result, indent=1, default=str))
+    pngs = [out / f"{stamp}.png"]
+    if args.docs:
+        docs = Path(args.docs)
+        docs.mkdir(parents=True, exist_ok=True)
+        pngs.append(docs / "benchmarks.png")
+        _write_docs(docs / "benchmarks.md", md)
+    report.plot(rows, plan.corpora, pngs)
+    print(md)
+    print(f"results: {out / stamp}.json, {out / stamp}.png")
+    return 0
+
+
+MARK = "<!-- inferq bench: latest run -->"
+
+
+def _write_docs(path: Path, md: str) -> None:
+    """Replace everything after MARK in docs/benchmarks.md (the prose above it stays)."""
+    head = path.read_text().split(MARK)[0] if path.is_file() else "# Benchmarks\n\n"
+    path.write_text(head.rstrip("\n") + "\n\n" + MARK + "\n\n" + md)
