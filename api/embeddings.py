@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.auth import Tenant
 from api.responses import FastJSON
-from shared.errors import RequestError
+from shared.errors import Overloaded, RequestError
 from shared.jobs import Job, Status
 
 router = APIRouter(prefix="/v1", tags=["embeddings"])
@@ -152,6 +152,10 @@ async def create_embeddings(request: Request, tenant: Tenant) -> FastJSON:
     try:
         job = await jobs.submit(texts, req.model, tenant=tenant)
         job = await jobs.wait(job.id, jobs.clamp_wait(req.wait, jobs.settings.sync_wait_s), tenant)
+    except Overloaded as e:
+        return openai_error(
+            429, str(e), "rate_limit_error", e.reason, headers={"Retry-After": str(e.retry_after_s)}
+        )
     except RequestError as e:
         return openai_error(e.status_code, str(e), "invalid_request_error", e.code)
     if not job.status.is_final:

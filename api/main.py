@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from types import FrameType
 
 import uvicorn
@@ -30,7 +31,11 @@ class _Server(uvicorn.Server):
 
 def main(settings: Settings, host: str, port: int) -> int:
     setup_logging(settings.log_level, settings.log_format)
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except (ValueError, OSError) as e:  # e.g. INFERQ_API_KEYS malformed or its file missing
+        print(f"inferq: invalid configuration: {e}", file=sys.stderr)
+        return 2
     config = uvicorn.Config(
         app,
         host=host,

@@ -147,16 +147,20 @@ async def _workers(redis: Redis, models: list[str], now: int) -> dict[str, list[
 
 
 async def _queues(redis: Redis, models: list[str]) -> dict[str, tuple[int, int | None]]:
-    """Per model: (XLEN, ms timestamp of the oldest entry or None)."""
+    """Per model, over all priority lanes: (entries, ms timestamp of the oldest or None)."""
+    lanes = len(keys.LANES)
     async with redis.pipeline(transaction=False) as p:
         for m in models:
-            p.xlen(keys.stream(m))
-            p.xrange(keys.stream(m), "-", "+", count=1)
+            for s in keys.streams(m):
+                p.xlen(s)
+                p.xrange(s, "-", "+", count=1)
         replies = await p.execute()
     out: dict[str, tuple[int, int | None]] = {}
     for i, m in enumerate(models):
-        depth, first = int(replies[2 * i]), replies[2 * i + 1]
-        out[m] = (depth, _entry_ms(first[0][0]) if first else None)
+        mine = replies[2 * lanes * i : 2 * lanes * (i + 1)]
+        depth = sum(int(n) for n in mine[::2])
+        firsts = [_entry_ms(first[0][0]) for first in mine[1::2] if first]
+        out[m] = (depth, min(firsts) if firsts else None)
     return out
 
 
@@ -264,12 +268,9 @@ async def metrics(request: Request) -> Response:
     m = metrics_of(request.app)
     names = sorted(request.app.state.settings.served_models)
     try:
-        async with request.app.state.redis.pipeline(transaction=False) as p:
-            for n in names:
-                p.xlen(keys.stream(n))
-            depths = await p.execute()
-        for n, d in zip(names, depths, strict=True):
-            m.queue_depth.labels(model=n).set(int(d))
+        queue = request.app.state.jobs.queue
+        for n in names:
+            m.queue_depth.labels(model=n).set(await queue.queue_depth(n))
     except _UNREACHABLE as e:  # serve the rest; the gauge keeps its last value
         log.warning("/metrics: queue depth not refreshed, redis unreachable: %s", e)
     return Response(render(m.registry), media_type=CONTENT_TYPE_LATEST)

@@ -118,6 +118,16 @@ class JobService:
         job = await self.queue.get(job_id)
         if job is None or job.tenant != tenant:
             raise JobNotFound(f"no job {job_id!r}")
+        if job.status is Status.QUEUED and job.deadline_ms and now_ms() > job.deadline_ms:
+            # No worker read it in time (maybe none serves the model): it ends here, so it
+            # also stops counting against the queue and gets its TTL.
+            fields = encode_final(
+                Status.EXPIRED,
+                finished_ms=now_ms(),
+                error=JobError("expired", "deadline passed in queue"),
+            )
+            await self.queue.cancel(job, fields, only_if_queued=True)
+            job = await self.queue.get(job_id) or job
         return job
 
     async def progress(self, job: Job) -> tuple[int | None, int | None]:

@@ -13,7 +13,9 @@ from bench.procs import Proc, bench_env, python, wait_for, wait_http
 from inferq.redis_server import RedisServer, free_port
 from shared import keys
 
-MAX_WAIT_MS = 5.0  # inferq's INFERQ_MAX_WAIT_MS default; LitServe gets the same batch_timeout
+# LitServe needs a batch_timeout > 0 to batch at all; 5 ms is the usual value. inferq runs with
+# its own default INFERQ_MAX_WAIT_MS (0: it batches what arrives while the device is busy).
+MAX_WAIT_MS = 5.0
 MAX_BATCH_SIZE = 32  # inferq's INFERQ_MAX_BATCH_SIZE default; LitServe gets the same
 
 

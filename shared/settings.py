@@ -123,7 +123,7 @@ class Settings(BaseSettings):
     prefetch_items: int = Field(
         0,
         ge=0,
-        description="Items a worker holds beyond the running batch (0 = 2 × max_batch_size). "
+        description="Items a worker holds, running batches included (0 = 2 × max_batch_size). "
         "More fills batches better; less leaves work for other workers.",
     )
     read_block_ms: int = Field(1000, gt=0, description="XREADGROUP BLOCK: idle wake-up period.")

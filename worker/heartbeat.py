@@ -16,10 +16,9 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
-import orjson
-
 from shared import keys
 from shared.jobs import now_ms
+from worker.memory import device_memory
 
 if TYPE_CHECKING:
     from worker.service import Worker
@@ -28,10 +27,6 @@ log = logging.getLogger("inferq.worker")
 
 
 def _device_memory(device: str) -> tuple[int, int, int]:
-    try:
-        from worker.memory import device_memory
-    except ImportError:
-        return (0, 0, 0)
     m = device_memory(device)
     return (m.allocated, m.reserved, m.total)
 
@@ -42,6 +37,7 @@ class Heartbeat:
         self.backend = backend
         self.memory = (0, 0, 0)
         self.calibration = ""
+        self._snapshots = None  # worker.memory.SnapshotState, made on first use
 
     def on_batch(self, items: int, padded: int, run_s: float) -> None:
         """The watermark line (one per batch) and the batch metrics."""
@@ -66,11 +62,15 @@ class Heartbeat:
         at = self.w.settings.snapshot_at
         if at is None or not total or reserved / total < at:
             return
-        try:
-            from worker.memory import maybe_snapshot
-        except ImportError:
-            return
-        maybe_snapshot(self.w.device, reserved / total, self.w.settings, self)
+        from worker.memory import SnapshotState, maybe_snapshot
+
+        if self._snapshots is None:
+            self._snapshots = SnapshotState()
+        path = maybe_snapshot(self.w.device, reserved / total, self.w.settings, self._snapshots)
+        if path is not None:
+            log.warning(
+                "device memory at %.0f%%: snapshot written to %s", 100 * reserved / total, path
+            )
 
     async def loop(self) -> None:
         from worker.service import REDIS_DOWN
@@ -129,7 +129,3 @@ class Heartbeat:
             p.delete(keys.worker(self.w.consumer))
             p.zrem(keys.workers(self.w.model_name), self.w.consumer)
             await p.execute()
-
-
-def calibration_json(data: object) -> str:
-    return orjson.dumps(data).decode() if data else ""

@@ -14,7 +14,8 @@ from shared.logs import setup_logging
 from shared.metrics import worker_metrics
 from shared.redis_conn import worker_client
 from shared.settings import ModelSpec, Settings
-from worker.heartbeat import calibration_json
+from worker.calibrate import backend_key, load_calibration
+from worker.calibrate import resolve_ceiling as from_calibration
 from worker.models.base import Model
 from worker.models.registry import build_model
 from worker.service import Worker
@@ -74,18 +75,9 @@ def resolve_ceiling(
 ) -> tuple[int, str, str]:
     """The token ceiling to start with, why, and the calibration it came from (JSON or "")."""
     max_cost = getattr(model, "max_cost", None) or 1
-    try:
-        from worker.calibrate import load_calibration
-        from worker.calibrate import resolve_ceiling as from_calibration
-    except ImportError:
-        return settings.max_batch_tokens, "INFERQ_MAX_BATCH_TOKENS", ""
     ceiling, reason = from_calibration(settings, model_name, device, max_cost)
-    cal = load_calibration(settings.data_dir, model_name, settings.backend, device)
-    return (
-        ceiling,
-        reason,
-        calibration_json(cal.to_dict() if cal is not None and hasattr(cal, "to_dict") else None),
-    )
+    cal = load_calibration(settings.data_dir, model_name, backend_key(settings), device)
+    return ceiling, reason, cal.to_json() if cal is not None else ""
 
 
 async def serve(
@@ -125,6 +117,10 @@ def main(settings: Settings, model: str | None = None) -> int:
         spec = settings.served_models[spec.name]
     device = resolve_device(settings.device)
     model_threads, intra_op = thread_plan(settings, device)
+    if settings.snapshot_at is not None:
+        from worker.memory import enable_history
+
+        enable_history(device)  # so a snapshot says who allocated (CUDA only)
     loaded = load_model(spec, settings, device, intra_op)
     log.info(
         "model threads: %d batches at once, %s threads each", model_threads, intra_op or "default"

@@ -522,7 +522,13 @@ class Worker:
             await self._split(items)
             return
         run_s = time.perf_counter() - t0
-        self.ceiling.on_success()
+        before = self.ceiling.value
+        if self.ceiling.on_success() > before:
+            log.info(
+                "live ceiling raised %d -> %d after successful batches", before, self.ceiling.value
+            )
+            if self.metrics:
+                self.metrics.token_ceiling.set(self.ceiling.value)
         self.batcher.max_batch_tokens = self.ceiling.value
         self._scatter(items, out, padded)
         self.heartbeat.on_batch(len(items), padded, run_s)

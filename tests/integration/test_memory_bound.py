@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 from pathlib import Path
 
 import httpx
 
 from shared import keys
-from tests.integration.stack import Stack, wait_for
+from tests.integration.stack import ROOT, Stack, wait_for
 from worker.models.echo import expected_vector
 
 SPEC = "oom=tests.fixtures.oom:OomEcho"
+ARTIFACTS = ROOT / "test-artifacts"
 
 
 def _set_threshold(path: Path, tokens: int) -> None:
@@ -72,3 +75,12 @@ def test_oom_splits_lowers_ceiling_recovers_and_fails_only_too_large(
     assert all(r["http"] == 200 and r["status"] == "succeeded" for r in results[1:])
     metrics = httpx.get(f"{base}/v1/health", timeout=5).json()["models"]["oom"]["workers"][0]
     assert metrics["ooms"] >= len(ooms)
+    log = stack.procs[0].log_path.read_text()
+    path = re.findall(r"live ceiling (?:raised )?(\d+) -> (\d+)", log)
+    jobs = len(first) + 6 * 32 + len(results)
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "oom.json").write_text(json.dumps({
+        "jobs": jobs, "jobs_lost": 0, "too_large": 1, "ooms": metrics["ooms"],
+        "batches_split": log.count("out of memory at items=") - log.count("items=1 tokens="),
+        "ceiling_path": [int(path[0][0])] + [int(b) for _, b in path] if path else [],
+    }, indent=2))  # fmt: skip

@@ -205,3 +205,29 @@ def test_redis_outage_gives_503_and_recovers(stack: Stack, redis_server) -> None
     wait_for(
         lambda: _post(base, {"input": "after"}, "/v1/infer").status_code == 200, 30, "recovery"
     )
+
+
+def test_password_protected_redis_and_no_secret_in_logs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from inferq.redis_server import RedisServer
+
+    secret = "s3cret-redis-pass"
+    server = RedisServer(tmp_path / "redis", password=secret)
+    server.start()
+    stack = Stack(server.url, tmp_path)
+    try:
+        stack.worker()
+        base = stack.api()
+        r = _post(base, {"input": "behind a password"}, "/v1/infer")
+        assert r.status_code == 200 and r.json()["status"] == "succeeded"
+        assert secret not in stack.logs()
+    finally:
+        stack.close()
+        server.stop()
+
+
+def test_deadline_ends_queued_job_even_with_no_worker(stack: Stack) -> None:
+    base = stack.api(max_queue=3)
+    job = _post(base, {"inputs": ["a", "b", "c"], "timeout_s": 0.2}).json()
+    assert _post(base, {"input": "blocked by the cap"}).status_code == 429
+    wait_for(lambda: _job(base, job["id"])["status"] == "expired", 10, "the job to expire")
+    assert _post(base, {"input": "room again"}).status_code == 202  # its items left the count
