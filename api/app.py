@@ -6,10 +6,10 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from api import embeddings, errors, health, jobs, observability, status
-from api.auth import load_api_keys
+from api.auth import authenticate, load_api_keys
 from api.limits import BodyLimit
 from api.notifier import Notifier
 from api.service import JobService
@@ -43,19 +43,26 @@ def create_app(settings: Settings) -> FastAPI:
             await notifier.close()
             await redis.aclose()
 
+    api_keys = load_api_keys(settings)
+    # The schema and docs are endpoints too: with keys set they are not served openly.
+    docs = {} if not api_keys else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(
+        **docs,  # type: ignore[arg-type]
         title="inferq",
         version="0.1.0",
         summary="Memory-bounded microbatching inference behind a Redis queue.",
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.api_keys = load_api_keys(settings)
+    app.state.api_keys = api_keys
     errors.install(app)
+    # Behind INFERQ_API_KEYS: everything but liveness/readiness and the status page's static
+    # HTML (it holds no data; its script sends the key it is given to /v1/health).
+    authed = [Depends(authenticate)]
     app.include_router(jobs.router)
     app.include_router(health.router)
     app.include_router(embeddings.router)
-    app.include_router(observability.router)
+    app.include_router(observability.router, dependencies=authed)
     app.include_router(status.router)
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)
     return app

@@ -186,6 +186,11 @@ def test_auth_and_tenant_isolation(stack: Stack) -> None:
     assert httpx.get(f"{base}/v1/jobs/{job['id']}", headers=alpha, timeout=5).status_code == 200
     assert httpx.get(f"{base}/v1/jobs/{job['id']}", headers=beta, timeout=5).status_code == 404
     assert httpx.delete(f"{base}/v1/jobs/{job['id']}", headers=beta, timeout=5).status_code == 404
+    for path in ("/v1/health", "/v1/models", "/metrics"):
+        assert httpx.get(f"{base}{path}", timeout=5).status_code == 401, path
+        assert httpx.get(f"{base}{path}", headers=beta, timeout=5).status_code in (200, 503), path
+    assert httpx.get(f"{base}/openapi.json", timeout=5).status_code == 404
+    assert httpx.get(f"{base}/readyz", timeout=5).status_code in (200, 503)
     assert "key-alpha-123" not in stack.logs() and "key-beta-456" not in stack.logs()
 
 
