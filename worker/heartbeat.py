@@ -66,11 +66,7 @@ class Heartbeat:
 
         if self._snapshots is None:
             self._snapshots = SnapshotState()
-        path = maybe_snapshot(self.w.device, reserved / total, self.w.settings, self._snapshots)
-        if path is not None:
-            log.warning(
-                "device memory at %.0f%%: snapshot written to %s", 100 * reserved / total, path
-            )
+        maybe_snapshot(self.w.device, reserved / total, self.w.settings, self._snapshots)
 
     async def loop(self) -> None:
         from worker.service import REDIS_DOWN

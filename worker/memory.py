@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import resource
 import time
 from dataclasses import dataclass
@@ -150,9 +149,8 @@ def maybe_snapshot(
 ) -> Path | None:
     """Dump `torch.cuda.memory._snapshot()` when usage passes `settings.snapshot_at`.
 
-    At most once per `settings.snapshot_cooldown_s`; never on CPU. The file is a pickle
-    because that is the format https://pytorch.org/memory_viz reads; it is written by us
-    and read by that tool, never loaded by inferq.
+    At most once per `settings.snapshot_cooldown_s`; never on CPU. torch writes the file in
+    its own format (the one https://pytorch.org/memory_viz reads); inferq never reads it.
     """
     threshold = settings.snapshot_at
     if not device.startswith("cuda") or threshold is None or fraction_used < threshold:
@@ -167,9 +165,7 @@ def maybe_snapshot(
     directory.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = directory / f"{stamp}-{device.replace(':', '_')}-{int(fraction_used * 100)}pct.pickle"
-    snapshot = torch.cuda.memory._snapshot()
-    with open(path, "wb") as f:
-        pickle.dump(snapshot, f)
+    torch.cuda.memory._dump_snapshot(str(path))
     log.warning(
         "device %s at %.0f%% (>= snapshot_at %.0f%%): memory snapshot written to %s",
         device, fraction_used * 100, threshold * 100, path,
