@@ -109,15 +109,16 @@ class MiniLM:
         if self.dtype != "float32" and dev.type != "cuda":
             raise ValueError(f"dtype {self.dtype} needs a cuda device, got {device!r}")
         tokenizer, self._pad_id = load_tokenizer(self.path, self.max_cost)
-        # device_map would load straight onto the device but needs accelerate, which is
-        # not a dependency; loading in the target dtype keeps the CPU staging copy small.
-        # transformers renamed `torch_dtype` to `dtype` in 4.56 and warns on the old name.
-        major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
-        dtype_kw = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
-        model = transformers.AutoModel.from_pretrained(
-            str(self.path), local_files_only=True, **{dtype_kw: getattr(torch, self.dtype)}
-        )
-        self._model = model.to(dev).eval()
+        model = _load_on_device(self.path, getattr(torch, self.dtype), dev)
+        if model is None:
+            # An unfamiliar layout: the ordinary loader, in the target dtype so the CPU
+            # staging copy stays small. transformers renamed `torch_dtype` to `dtype` in 4.56.
+            major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+            dtype_kw = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+            model = transformers.AutoModel.from_pretrained(
+                str(self.path), local_files_only=True, **{dtype_kw: getattr(torch, self.dtype)}
+            ).to(dev)
+        self._model = model.eval()
         self._tokenizer, self._device = tokenizer, dev
 
     def prepare(self, inputs: list[str]) -> list[Prepared]:
@@ -153,3 +154,37 @@ class MiniLM:
             if "can't allocate memory" in str(e):
                 raise DeviceOutOfMemory(str(e)) from e
             raise
+
+
+def _load_on_device(path: Path, dtype: Any, dev: Any) -> Any | None:
+    """Build the encoder on the meta device and take its weights straight from safetensors
+    onto `dev`, so no full copy is staged in host memory first (the load spike). None when
+    the directory's layout is not the plain BERT one this knows; the caller falls back."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        return None
+    config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+    with torch.device("meta"):
+        model = transformers.AutoModel.from_config(config, dtype=dtype)
+    state = load_file(str(weights), device=str(dev))
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    missing, _ = model.load_state_dict(state, strict=False, assign=True)
+    if missing:
+        return None
+    # Non-persistent buffers are not in the file: rebuild the two BERT embeddings keeps.
+    for module in model.modules():
+        for name, buf in list(module.named_buffers(recurse=False)):
+            if not buf.is_meta:
+                continue
+            if name == "position_ids":
+                value = torch.arange(buf.shape[-1], device=dev).expand(buf.shape)
+            elif name == "token_type_ids":
+                value = torch.zeros(buf.shape, dtype=torch.long, device=dev)
+            else:
+                return None
+            module.register_buffer(name, value, persistent=False)
+    return model
