@@ -40,9 +40,12 @@ class Proc:
     def __init__(self, name: str, argv: list[str], env: Mapping[str, str], log_path: Path) -> None:
         self.name, self.log_path = name, log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        # Its own process group: servers that fork or spawn workers (LitServe) are stopped
+        # whole, not left running to skew the next measurement.
         self.popen = subprocess.Popen(
-            argv, cwd=ROOT, env=dict(env), stdout=self._log, stderr=subprocess.STDOUT
-        )
+            argv, cwd=ROOT, env=dict(env), stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
 
     @property
     def pid(self) -> int:
@@ -71,13 +74,16 @@ class Proc:
         return ""
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.alive():
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(5)
+        pgid = self.popen.pid  # the session leader: its pid is the group id
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout_s)
+        # Whatever the leader left behind (spawned workers) goes too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(5)
         self._log.close()
 
 
