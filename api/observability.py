@@ -159,7 +159,9 @@ async def _queues(redis: Redis, models: list[str]) -> dict[str, tuple[int, int |
     for i, m in enumerate(models):
         mine = replies[2 * lanes * i : 2 * lanes * (i + 1)]
         depth = sum(int(n) for n in mine[::2])
-        firsts = [_entry_ms(first[0][0]) for first in mine[1::2] if first]
+        firsts = [
+            ms for first in mine[1::2] if first and (ms := _entry_ms(first[0][0])) is not None
+        ]
         out[m] = (depth, min(firsts) if firsts else None)
     return out
 

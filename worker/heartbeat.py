@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from shared import keys
 from shared.jobs import now_ms
-from worker.memory import device_memory
+from worker.memory import SnapshotState, device_memory
 
 if TYPE_CHECKING:
     from worker.service import Worker
@@ -37,7 +37,7 @@ class Heartbeat:
         self.backend = backend
         self.memory = (0, 0, 0)
         self.calibration = ""
-        self._snapshots = None  # worker.memory.SnapshotState, made on first use
+        self._snapshots: SnapshotState | None = None  # made on first use
 
     def on_batch(self, items: int, padded: int, run_s: float) -> None:
         """The watermark line (one per batch) and the batch metrics."""
@@ -62,7 +62,7 @@ class Heartbeat:
         at = self.w.settings.snapshot_at
         if at is None or not total or reserved / total < at:
             return
-        from worker.memory import SnapshotState, maybe_snapshot
+        from worker.memory import maybe_snapshot
 
         if self._snapshots is None:
             self._snapshots = SnapshotState()

@@ -21,8 +21,10 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 from redis.asyncio import Redis
@@ -45,6 +47,7 @@ from worker.stats import Stats
 log = logging.getLogger("inferq.worker")
 
 REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+T = TypeVar("T")
 _NOT_FINAL = {pack_field(str(s)) for s in Status if not s.is_final}
 
 
@@ -160,7 +163,7 @@ class Worker:
                     if (exc := t.exception()) is not None:
                         raise exc
             await consumer
-            handed_back = runner.result()
+            handed_back = runner.result() or 0
             await self._finished.join()
             await self._flush_stale()
         finally:
@@ -179,7 +182,7 @@ class Worker:
             s.splits, self._finished.qsize(),
         )  # fmt: skip
 
-    async def _retry_redis(self, fn, *args):  # type: ignore[no-untyped-def]
+    async def _retry_redis(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         delay = 0.1
         while True:
             try:
@@ -396,10 +399,8 @@ class Worker:
                     return handed_back
                 due = None if len(running) >= self.model_threads else self.batcher.due_at()
                 self._wake.clear()
-                waits: set[asyncio.Future[object]] = {
-                    asyncio.ensure_future(self._wake.wait()),
-                    *running,
-                }
+                waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(self._wake.wait())}
+                waits |= running
                 timeout = None if due is None else max(0.0, due - now)
                 await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 for f in waits - set(running):
