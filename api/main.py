@@ -34,7 +34,7 @@ def main(settings: Settings, host: str, port: int) -> int:
     try:
         app = create_app(settings)
     except (ValueError, OSError) as e:  # e.g. INFERQ_API_KEYS malformed or its file missing
-        print(f"inferq: invalid configuration: {e}", file=sys.stderr)
+        print("inferq: invalid configuration:", e, file=sys.stderr)
         return 2
     config = uvicorn.Config(
         app,

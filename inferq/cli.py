@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings()
     except ValidationError as e:
-        print(f"inferq: invalid configuration:\n{e}", file=sys.stderr)
+        print("inferq: invalid configuration:", e, sep="\n", file=sys.stderr)
         return 2
     if args.command == "bench":
         from inferq.bench import main as bench_main
