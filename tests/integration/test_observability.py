@@ -12,20 +12,8 @@ import httpx
 
 from inferq.redis_server import free_port
 from tests.integration.stack import Stack, wait_for
+from tests.unit.test_metrics import API_EXPOSED, WORKER_EXPOSED
 
-API_METRICS = ("inferq_jobs_submitted_total", "inferq_jobs_rejected_total", "inferq_queue_depth")
-WORKER_METRICS = (
-    "inferq_jobs_finished_total",
-    "inferq_job_queue_seconds",
-    "inferq_job_latency_seconds",
-    "inferq_batch_size",
-    "inferq_batch_tokens",
-    "inferq_batch_seconds",
-    "inferq_oom_total",
-    "inferq_batch_splits_total",
-    "inferq_token_ceiling",
-    "inferq_device_memory_bytes",
-)
 HEARTBEAT_FIELDS = {
     "id", "host", "pid", "model", "device", "token_ceiling", "items_per_s",
     "last_batch_size", "last_batch_tokens", "last_batch_at_ms", "batches", "held_items",
@@ -99,7 +87,7 @@ def test_api_metrics_names(stack: Stack) -> None:
     base = stack.api()
     r = httpx.get(f"{base}/metrics", timeout=5)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    assert set(API_METRICS) <= _families(r.text)
+    assert set(API_EXPOSED) <= _families(r.text)
     assert 'inferq_queue_depth{model="echo"} 0.0' in r.text
 
 
@@ -130,5 +118,5 @@ def test_worker_metrics_endpoint(stack: Stack) -> None:
         )
 
     text = wait_for(scraped, 15, "the worker's /metrics to count the job", 0.1)
-    assert set(WORKER_METRICS) <= _families(text)
+    assert set(WORKER_EXPOSED) <= _families(text)
     assert 'inferq_batch_size_count{model="echo"}' in text
