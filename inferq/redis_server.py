@@ -82,12 +82,15 @@ def _resp(*parts: str) -> bytes:
 
 
 def _probe_pid(host: str, port: int, password: str | None, timeout_s: float = 0.5) -> int | None:
-    """The process_id a server on host:port reports, or None while it cannot answer.
+    """The process_id a server on host:port reports, or None while it cannot serve yet.
 
-    A raw socket rather than redis-py: the client's built-in retries with backoff would
+    INFO answers while an AOF is still being replayed (every other command gets -LOADING),
+    so `loading:1` counts as not ready. A raw socket rather than redis-py: the client's built-in retries with backoff would
     turn each refused connection during startup into seconds of waiting.
     """
-    request = (_resp("AUTH", password) if password is not None else b"") + _resp("INFO", "server")
+    request = (_resp("AUTH", password) if password is not None else b"") + _resp(
+        "INFO", "server", "persistence"
+    )
     try:
         with (
             socket.create_connection((host, port), timeout=timeout_s) as sock,
@@ -102,10 +105,13 @@ def _probe_pid(host: str, port: int, password: str | None, timeout_s: float = 0.
             body = reader.read(int(header[1:]))
     except (OSError, ValueError):
         return None
+    pid = None
     for line in body.splitlines():
         if line.startswith(b"process_id:"):
-            return int(line.partition(b":")[2])
-    return None
+            pid = int(line.partition(b":")[2])
+        elif line == b"loading:1":
+            return None
+    return pid
 
 
 class RedisServer:

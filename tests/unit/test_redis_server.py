@@ -91,6 +91,19 @@ def test_data_survives_restart_with_aof(server: RedisServer) -> None:
 
 
 @needs_redis
+def test_start_waits_until_the_aof_is_loaded(server: RedisServer) -> None:
+    # INFO answers during an AOF replay while every other command gets -LOADING: start()
+    # must not return in that window (a bench run hit BusyLoadingError right after start).
+    server.start()
+    with redis.Redis.from_url(server.url) as client:
+        for n in range(40):
+            client.eval("for i = 1, 20000 do redis.call('SET', ARGV[1] .. i, i) end", 0, f"k{n}:")
+    server.restart()
+    with redis.Redis.from_url(server.url, retry=Retry(NoBackoff(), 0)) as client:
+        assert client.dbsize() == 800_000
+
+
+@needs_redis
 def test_kill_then_start_again(server: RedisServer) -> None:
     server.start()
     pid = server.pid
