@@ -112,8 +112,8 @@ class Settings(BaseSettings):
     model_threads: int = Field(
         0,
         ge=0,
-        description="Batches run at once, each in its own model thread. 0 = auto = 1 (one device, "
-        "one stream). More can help a many-core CPU device; pair it with intra_op_threads.",
+        description="Batches run at once, each in its own model thread. 0 = auto: on a CPU, for "
+        "minilm traced or on ONNX (no GIL held), one per core up to 4; otherwise 1.",
     )
     intra_op_threads: int = Field(
         0,
@@ -134,6 +134,11 @@ class Settings(BaseSettings):
     )
     backend: Literal["torch", "onnx"] = Field(
         "torch", description="minilm runtime: torch or ONNX Runtime."
+    )
+    torchscript: bool = Field(
+        True,
+        description="minilm on torch: trace the encoder with TorchScript at load, so a batch runs "
+        "without holding the GIL (checked against eager at load; eager if they differ).",
     )
     onnx_variant: Literal["fp32", "int8"] = Field(
         "fp32",

@@ -259,9 +259,13 @@ def fmt_bytes(n: float) -> str:
 
 
 def resolve_ceiling(
-    settings: Any, model_name: str, device: str, max_cost: int | None
+    settings: Any, model_name: str, device: str, max_cost: int | None, streams: int = 1
 ) -> tuple[int, str]:
-    """The worker's token ceiling and why: explicit setting > calibration + budget > default."""
+    """The worker's token ceiling and why: explicit setting > calibration + budget > default.
+
+    `streams` batches share the budget when they run at once: each gets 1/streams of the
+    activation memory (safe for a convex fit: n * f(c/n) <= f(c)).
+    """
     floor = max_cost or 1
     raised = f"; raised to max_cost={floor} so one longest item fits"
     if "max_batch_tokens" in settings.model_fields_set:
@@ -296,6 +300,9 @@ def resolve_ceiling(
         f"calibration {path}: {source} → {ceiling} tokens "
         f"(margin {cal.margin:g}, fit err {cal.fit.max_rel_err:.0%}, knee {cal.knee_tokens})"
     )
+    if streams > 1:
+        ceiling //= streams
+        why += f", ÷ {streams} batches at once → {ceiling}"
     return (ceiling, why) if ceiling >= floor else (floor, why + raised)
 
 

@@ -7,6 +7,7 @@ ONNX-only setups need no torch). CPU numbers come from /proc: the process's resi
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import resource
@@ -42,11 +43,17 @@ def _proc_status_kb(field: str) -> int | None:
     return None
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
 def rss_bytes() -> int:
     """Current resident set size of this process."""
-    kb = _proc_status_kb("VmRSS")
-    if kb is not None:
-        return kb * 1024
+    # statm is one short line (read once per batch); status is ~60 lines to scan.
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        pass
     # No /proc (macOS): the peak is the best we have; ru_maxrss is bytes there.
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
@@ -69,6 +76,7 @@ def reset_peak_rss() -> bool:
         return False
 
 
+@functools.cache
 def host_total_bytes() -> int:
     kb = None
     try:
@@ -97,10 +105,17 @@ def device_memory(device: str) -> DeviceMemory:
         return DeviceMemory(
             allocated=torch.cuda.memory_allocated(i),
             reserved=torch.cuda.memory_reserved(i),
-            total=torch.cuda.get_device_properties(i).total_memory,
+            total=_cuda_total_bytes(i),
         )
     rss = rss_bytes()
     return DeviceMemory(allocated=rss, reserved=rss, total=host_total_bytes())
+
+
+@functools.cache
+def _cuda_total_bytes(index: int) -> int:
+    import torch
+
+    return int(torch.cuda.get_device_properties(index).total_memory)
 
 
 def device_total_bytes(device: str) -> int:

@@ -152,6 +152,9 @@ def test_resolve_ceiling_reasons(tmp_path: Path) -> None:
     assert why.startswith(f"calibration {calibration_path(tmp_path, 'minilm', 'torch', 'cpu')}")
     assert "calibrated budget 2.0 GiB" in why and "fit err 3%" in why
 
+    n2, why = resolve_ceiling(plain, "minilm", "cpu", 256, streams=2)  # two batches at once
+    assert n2 == n // 2 and why.endswith(f"÷ 2 batches at once → {n2}")
+
     budget = Settings(data_dir=tmp_path, memory_budget="0.25")  # of the recorded 16 GiB
     n, why = resolve_ceiling(budget, "minilm", "cpu", 256)
     assert n == int(0.9 * 3 * GiB / 4096) and "INFERQ_MEMORY_BUDGET=0.25 = 4.0 GiB" in why

@@ -103,3 +103,24 @@ def test_matches_transformers_pipeline(model: MiniLM) -> None:
     pooled = (hidden * mask).sum(1) / mask.sum(1)
     expected = torch.nn.functional.normalize(pooled, dim=1).numpy()
     np.testing.assert_allclose(embed(model, texts), expected, atol=1e-5)
+
+
+def test_traced_by_default_and_equal_to_eager(model: MiniLM) -> None:
+    assert model.traced
+    eager = MiniLM(torchscript=False)
+    eager.load("cpu")
+    assert not eager.traced
+    # New shapes after the trace: one item (no padding), and a padded batch up to 256 tokens.
+    for texts in ([MIXED[0]], MIXED):
+        np.testing.assert_allclose(embed(model, texts), embed(eager, texts), atol=1e-5)
+
+
+def test_trace_failure_falls_back_to_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("cannot trace this")
+
+    monkeypatch.setattr(torch.jit, "trace", broken)
+    m = MiniLM()
+    m.load("cpu")
+    assert not m.traced
+    assert embed(m, MIXED[:2]).shape == (2, 384)

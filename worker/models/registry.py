@@ -34,7 +34,7 @@ def build_model(spec: ModelSpec, settings: Settings, *, intra_op_threads: int = 
     if spec.target == "minilm":
         from worker.models.minilm import MiniLM
 
-        return MiniLM(settings.model_path, dtype=settings.dtype)
+        return MiniLM(settings.model_path, dtype=settings.dtype, torchscript=settings.torchscript)
     module_name, sep, class_name = spec.target.partition(":")
     if not sep or not class_name:
         raise ModelLoadError(
