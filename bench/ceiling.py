@@ -4,7 +4,9 @@ Run as `python -m bench.ceiling CORPUS DURATION_S` (env BENCH_DEVICE, BENCH_BACK
 its own process, so its peak memory is the model's alone; prints one JSON line of rows.
 Single: prepare + run per item, texts in corpus order. Batched: the whole corpus sorted
 by length and cut into batches of 8/16/32 (32 is inferq's INFERQ_MAX_BATCH_SIZE), run
-in a seeded random order so a time-bounded pass still sees every length; best size wins.
+in a seeded random order so a time-bounded pass still sees every length, in two layouts
+on a CPU (torch): one batch at a time on every core, and one batch per core at once on one
+thread each (what the inferq worker does by default); the best size and layout win.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 from typing import Any
 
@@ -44,23 +47,50 @@ def _single(model: Any, texts: list[str], duration_s: float) -> dict[str, float]
     }
 
 
-def _batched(payloads: list[Any], bs: int, duration_s: float) -> dict[str, float]:
+def _batched(payloads: list[Any], bs: int, duration_s: float, streams: int) -> dict[str, Any]:
+    """Length-sorted batches of `bs`, `streams` of them running at once (one thread each)."""
     order = sorted(range(len(payloads)), key=lambda i: len(payloads[i]))
     batches = [order[i : i + bs] for i in range(0, len(order), bs)]
     random.Random(bs).shuffle(batches)
+    todo = iter(batches * 10)
+    lock = threading.Lock()
     lat: list[float] = []
-    items, t0 = 0, time.perf_counter()
-    for b in batches * 10:
-        if time.perf_counter() - t0 >= duration_s:
-            break
-        s = time.perf_counter()
-        model_run([payloads[i] for i in b])
-        lat.append((time.perf_counter() - s) * 1000)
-        items += len(b)
+    items = 0
+    t0 = time.perf_counter()
+
+    def stream() -> None:
+        nonlocal items
+        while time.perf_counter() - t0 < duration_s:
+            with lock:
+                b = next(todo, None)
+            if b is None:
+                return
+            s = time.perf_counter()
+            model_run([payloads[i] for i in b])
+            with lock:
+                lat.append((time.perf_counter() - s) * 1000)
+                items += len(b)
+
+    threads = [threading.Thread(target=stream) for _ in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     elapsed = time.perf_counter() - t0
     eff = stats.packed_efficiency(stats.sorted_batches([len(p) for p in payloads], bs))
     row = stats.summarize(lat, elapsed, 0)  # latencies here are per batch
     return row | {"items_per_s": items / elapsed, "mean_batch": float(bs), "padding_eff": eff}
+
+
+def layouts(device: str, backend: str, model: Any) -> list[tuple[int, int]]:
+    """(batches at once, threads per batch) to try; 0 threads = leave the runtime's setting."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    # One thread per batch only where the thread count can be changed here (torch) and a
+    # batch does not hold the GIL (traced); ONNX Runtime fixes its threads per session.
+    if device == "cpu" and backend == "torch" and getattr(model, "traced", False) and cores > 1:
+        return [(1, cores), (cores, 1)]
+    return [(1, 0)]
 
 
 model_run: Any = None
@@ -75,11 +105,17 @@ def measure(corpus_name: str, duration_s: float) -> list[dict[str, Any]]:
     payloads = [p.payload for p in model.prepare(texts)]
     model.run(payloads[:8])  # warm-up: first call allocates
     single = _single(model, texts, duration_s)
-    best: dict[str, float] = {}
-    for bs in BATCH_SIZES:
-        row = _batched(payloads, bs, duration_s / 2)
-        if row["items_per_s"] > best.get("items_per_s", 0.0):
-            best = row
+    best: dict[str, Any] = {}
+    plans = layouts(device, os.environ.get("BENCH_BACKEND", "torch"), model)
+    for streams, threads in plans:
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        for bs in BATCH_SIZES:
+            row = _batched(payloads, bs, duration_s / (2 * len(plans)), streams)
+            if row["items_per_s"] > best.get("items_per_s", 0.0):
+                best = row | {"layout": f"{streams} batch(es) at once × {threads or 'default'} thread(s)"}
     mem = _peak_mb(device)
     return [
         {"mode": "ceiling-1", **single, "peak_mem_mb": mem},

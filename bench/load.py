@@ -1,4 +1,4 @@
-"""HTTP load generators (httpx, asyncio): closed loop (N clients) and open loop (Poisson).
+"""HTTP load generators (asyncio, bench.http): closed loop (N clients), open loop (Poisson).
 
 Only ever aimed at 127.0.0.1, bounded in time and in request count. One item per request.
 Latency is measured per request; in the open loop it starts at the *scheduled* arrival
@@ -15,7 +15,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import httpx
+import orjson
+
+from bench.http import Connection, HTTPError
 
 _BATCH_SIZE = re.compile(rb'"batch_size":(\d+)')
 _ID = re.compile(rb'"id":"([^"]+)"')
@@ -45,27 +47,27 @@ class LoadResult:
     duration_s: float = 0.0
 
 
-async def _one(client: httpx.AsyncClient, base: str, kind: str, text: str) -> int | None:
-    """One item through `kind`; the job's batch size when the server reports one."""
+FAILED = (OSError, HTTPError, TimeoutError, RuntimeError)
+
+
+async def _one(conn: Connection, kind: str, body: bytes) -> int | None:
+    """One item (`body`, JSON) through `kind`; the job's batch size when the server reports one."""
     if kind == "jobs":
-        r = await client.post(f"{base}/v1/jobs", json={"input": text})
-        if r.status_code != 202 or not (m := _ID.search(r.content)):
-            raise RuntimeError(f"submit answered {r.status_code}")
-        r = await client.get(f"{base}/v1/jobs/{m.group(1).decode()}", params={"wait": 30})
+        status, content = await conn.request("POST", "/v1/jobs", body)
+        if status != 202 or not (m := _ID.search(content)):
+            raise RuntimeError(f"submit answered {status}")
+        status, content = await conn.request("GET", f"/v1/jobs/{m.group(1).decode()}?wait=30")
     else:
         path = "/predict" if kind == "litserve" else "/v1/infer"
-        r = await client.post(f"{base}{path}", json={"input": text})
-    if r.status_code != 200 or (kind in ("jobs", "infer") and b'"succeeded"' not in r.content):
-        raise RuntimeError(f"answered {r.status_code}")
-    m = _BATCH_SIZE.search(r.content)
+        status, content = await conn.request("POST", path, body)
+    if status != 200 or (kind in ("jobs", "infer") and b'"succeeded"' not in content):
+        raise RuntimeError(f"answered {status}")
+    m = _BATCH_SIZE.search(content)
     return int(m.group(1)) if m else None
 
 
-def _client(concurrency: int) -> httpx.AsyncClient:
-    limits = httpx.Limits(
-        max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8
-    )
-    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(60.0))
+def _bodies(texts: Sequence[str]) -> list[bytes]:
+    return [orjson.dumps({"input": t}) for t in texts]
 
 
 async def closed_loop(
@@ -81,18 +83,25 @@ async def closed_loop(
     Requests that both start after the warmup and finish before the end are counted.
     """
     res = LoadResult(duration_s=duration_s)
+    bodies = _bodies(texts)
     order = itertools.cycle(range(len(texts)))
     t0 = time.perf_counter()
     start, end = t0 + warmup_s, t0 + warmup_s + duration_s
     sent = itertools.count()
 
-    async def client_loop(client: httpx.AsyncClient, worker: int) -> None:
-        base = target.bases[worker % len(target.bases)]
+    async def client_loop(worker: int) -> None:
+        conn = Connection(target.bases[worker % len(target.bases)])
+        try:
+            await requests(conn)
+        finally:
+            conn.close()
+
+    async def requests(conn: Connection) -> None:
         while (now := time.perf_counter()) < end and next(sent) < MAX_REQUESTS:
             i = next(order)
             try:
-                bs = await _one(client, base, target.kind, texts[i])
-            except (httpx.HTTPError, RuntimeError):
+                bs = await _one(conn, target.kind, bodies[i])
+            except FAILED:
                 if now >= start:
                     res.errors += 1
                 continue
@@ -103,8 +112,7 @@ async def closed_loop(
                 if bs is not None:
                     res.batch_sizes.append(bs)
 
-    async with _client(concurrency) as client:
-        await asyncio.gather(*(client_loop(client, w) for w in range(concurrency)))
+    await asyncio.gather(*(client_loop(w) for w in range(concurrency)))
     return res
 
 
@@ -129,34 +137,42 @@ async def open_loop(
 ) -> LoadResult:
     """Poisson arrivals at `rate_per_s`; a request unanswered `grace_s` after the end errs."""
     res = LoadResult(duration_s=duration_s)
+    bodies = _bodies(texts)
     tasks: set[asyncio.Task[None]] = set()
+    idle: dict[str, list[Connection]] = {b: [] for b in target.bases}  # keep-alive pool per base
 
-    async def fire(client: httpx.AsyncClient, at: float, i: int, n: int) -> None:
+    async def fire(at: float, i: int, n: int) -> None:
+        base = target.bases[n % len(target.bases)]
+        conn = idle[base].pop() if idle[base] else Connection(base)
         try:
-            bs = await _one(client, target.bases[n % len(target.bases)], target.kind, texts[i])
-        except (httpx.HTTPError, RuntimeError):
+            bs = await _one(conn, target.kind, bodies[i])
+        except FAILED:
             res.errors += 1
             return
+        finally:
+            idle[base].append(conn)
         res.latencies_ms.append((time.perf_counter() - at) * 1000)
         res.real_tokens += tokens[i]
         if bs is not None:
             res.batch_sizes.append(bs)
 
-    async with _client(MAX_IN_FLIGHT) as client:
-        t0 = time.perf_counter()
-        for n, offset in enumerate(arrivals(rate_per_s, duration_s)):
-            at = t0 + offset
-            if (delay := at - time.perf_counter()) > 0:
-                await asyncio.sleep(delay)
-            if len(tasks) >= MAX_IN_FLIGHT:
-                res.errors += 1  # dropped: the server is hopelessly behind
-                continue
-            task = asyncio.create_task(fire(client, at, n % len(texts), n))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=grace_s)
-            for task in pending:
-                task.cancel()
-            res.errors += len(pending)
+    t0 = time.perf_counter()
+    for n, offset in enumerate(arrivals(rate_per_s, duration_s)):
+        at = t0 + offset
+        if (delay := at - time.perf_counter()) > 0:
+            await asyncio.sleep(delay)
+        if len(tasks) >= MAX_IN_FLIGHT:
+            res.errors += 1  # dropped: the server is hopelessly behind
+            continue
+        task = asyncio.create_task(fire(at, n % len(texts), n))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        _, pending = await asyncio.wait(tasks, timeout=grace_s)
+        for task in pending:
+            task.cancel()
+        res.errors += len(pending)
+    for conns in idle.values():
+        for conn in conns:
+            conn.close()
     return res

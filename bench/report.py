@@ -32,7 +32,8 @@ def table(rows: Sequence[Row]) -> str:
     head = ["system", "mode", "load", *(c[0] for c in COLUMNS)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [str(r["system"]), str(r["mode"]), str(r["load"])]
+        load = f"{r['load']}: {r['layout']}" if r.get("layout") else str(r["load"])
+        cells = [str(r["system"]), str(r["mode"]), load]
         cells += [fmt(r.get(key), spec) for _, key, spec in COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -1,0 +1,112 @@
+"""bench.http, the load generators' HTTP/1.1 client, against small asyncio servers and uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+
+from bench.http import Connection, HTTPError
+
+Reply = Callable[[bytes, int], bytes | None]  # (request head, n-th connection) -> raw reply
+
+
+@asynccontextmanager
+async def serve(reply: Reply) -> AsyncIterator[tuple[str, list[int]]]:
+    """A server answering each request with `reply(head)`; None closes the connection.
+    Yields its base URL and the number of requests seen on each connection."""
+    per_conn: list[int] = []
+    handlers: list[asyncio.Task[None]] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handlers.append(asyncio.current_task())  # type: ignore[arg-type]
+        per_conn.append(0)
+        n = len(per_conn) - 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                     if line.lower().startswith(b"content-length:")),
+                    0,
+                )  # fmt: skip
+                await reader.readexactly(length)
+                per_conn[n] += 1
+                out = reply(head, n)
+                if out is None:
+                    break
+                writer.write(out)
+                await writer.drain()
+        except asyncio.IncompleteReadError:
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", per_conn
+        # The client closed its connections: each handler ends on that EOF.
+        await asyncio.wait_for(asyncio.gather(*handlers), timeout=5)
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def ok(body: bytes, extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), extra, body)
+
+
+async def test_keep_alive_reuses_one_connection() -> None:
+    async with serve(lambda head, n: ok(head.split(b" ")[1])) as (base, per_conn):
+        conn = Connection(base)
+        for path in ("/a", "/b?wait=30", "/c"):
+            assert await conn.request("GET", path) == (200, path.encode())
+        conn.close()
+    assert per_conn == [3]
+
+
+async def test_connection_close_and_errors_reconnect() -> None:
+    def reply(head: bytes, n: int) -> bytes | None:
+        path = head.split(b" ")[1]
+        if path == b"/close":
+            return ok(b"bye", b"Connection: close\r\n")
+        if path == b"/nolength":
+            return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+        if path == b"/cut":
+            return b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"
+        if path == b"/drop":
+            return None
+        return ok(b"fine")
+
+    async with serve(reply) as (base, per_conn):
+        conn = Connection(base, timeout_s=2.0)
+        assert await conn.request("GET", "/close") == (200, b"bye")
+        assert await conn.request("POST", "/x", b'{"input": "hi"}') == (200, b"fine")
+        with pytest.raises(HTTPError, match="Content-Length"):
+            await conn.request("GET", "/nolength")
+        assert await conn.request("GET", "/x") == (200, b"fine")
+        with pytest.raises(HTTPError, match="no complete response head"):
+            await conn.request("GET", "/drop")
+        assert await conn.request("GET", "/x") == (200, b"fine")
+        with pytest.raises((HTTPError, TimeoutError)):
+            await conn.request("GET", "/cut")  # 3 of 10 bytes, then silence: the timeout ends it
+        assert await conn.request("GET", "/x") == (200, b"fine")
+        conn.close()
+    # Every error and the server's `Connection: close` started a new connection.
+    assert per_conn == [1, 2, 2, 2, 1]
+
+
+async def test_refused_connection_raises_oserror() -> None:
+    async with serve(lambda head, n: ok(b"")) as (base, _):
+        pass  # the port is free again
+    with pytest.raises(OSError):
+        await Connection(base).request("GET", "/")
+
+
+def test_only_plain_http_host_port() -> None:
+    for bad in ("https://127.0.0.1:1", "http://127.0.0.1", "127.0.0.1:80"):
+        with pytest.raises(ValueError, match="http://host:port"):
+            Connection(bad)
