@@ -14,7 +14,7 @@ from api.observability import metrics_of
 from api.responses import FastJSON, accepted_view, job_view
 from api.schemas import ErrorResponse, InferRequest, JobAccepted, JobView, SubmitRequest
 from shared.errors import Overloaded, RequestError
-from shared.jobs import Job
+from shared.jobs import Job, Status
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 
@@ -123,9 +123,9 @@ async def infer(
     disconnects while waiting cancels its job if no worker has started it.
     """
     job = await submit(request, req, jobs, tenant, idempotency_key)
-    waiter = asyncio.ensure_future(
-        jobs.wait(job.id, jobs.clamp_wait(req.wait, jobs.settings.sync_wait_s), tenant)
-    )
+    wait_s = jobs.clamp_wait(req.wait, jobs.settings.sync_wait_s)
+    queued = job if job.status is Status.QUEUED else None  # just read or created: no re-read
+    waiter = asyncio.ensure_future(jobs.wait(job.id, wait_s, tenant, submitted=queued))
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({waiter, gone}, return_when=asyncio.FIRST_COMPLETED)

@@ -3,6 +3,10 @@
 Pub/sub is at-most-once: a message published while we reconnect is gone. So a waiter
 registers first, then reads the job record, re-reads on a timer, and every waiter is
 woken to re-read after each (re)subscribe. A missed message can delay, never lose, a result.
+
+The last `RECENT` completions are remembered, so a watch registered just after its job's
+message arrived resolves at once: a caller that has just submitted a job can skip the
+first read (the job is queued, or done and remembered) without risking a re-read delay.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 
 from redis.asyncio import Redis
 
@@ -17,11 +22,14 @@ from shared import keys
 
 log = logging.getLogger("inferq.api")
 
+RECENT = 4096  # completions remembered (every API process hears every model's completions)
+
 
 class Notifier:
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._recent: OrderedDict[str, None] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
 
@@ -39,6 +47,8 @@ class Notifier:
     def watch(self, job_id: str) -> asyncio.Future[None]:
         """A future resolved when `job_id` may have changed; register before reading the job."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if job_id in self._recent:
+            fut.set_result(None)
         self._waiters.setdefault(job_id, set()).add(fut)
         return fut
 
@@ -48,6 +58,12 @@ class Notifier:
             waiters.discard(fut)
             if not waiters:
                 del self._waiters[job_id]
+
+    def _done(self, job_id: str) -> None:
+        self._recent[job_id] = None
+        if len(self._recent) > RECENT:
+            self._recent.popitem(last=False)
+        self._wake(job_id)
 
     def _wake(self, job_id: str) -> None:
         for fut in self._waiters.pop(job_id, ()):
@@ -76,7 +92,7 @@ class Notifier:
                         channel = msg["channel"]
                         if isinstance(channel, bytes):
                             channel = channel.decode()
-                        self._wake(keys.job_id_from_channel(channel))
+                        self._done(keys.job_id_from_channel(channel))
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # any drop: resubscribe with backoff, waiters re-read

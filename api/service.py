@@ -161,14 +161,22 @@ class JobService:
         self.shutting_down = True
         self.notifier.wake_all()
 
-    async def wait(self, job_id: str, wait_s: float, tenant: str = "") -> Job:
-        """Return the job as soon as it is final, or its current state after `wait_s`."""
+    async def wait(
+        self, job_id: str, wait_s: float, tenant: str = "", submitted: Job | None = None
+    ) -> Job:
+        """Return the job as soon as it is final, or its current state after `wait_s`.
+
+        `submitted`: the job as this process just created it (queued), so the first read
+        can be skipped: the notifier remembers a completion that beat this watch."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while True:
             fut = self.notifier.watch(job_id)  # watch first, then read: no gap to miss
             try:
-                job = await self.get(job_id, tenant)
+                if submitted is not None and not fut.done():
+                    job, submitted = submitted, None
+                else:
+                    job = await self.get(job_id, tenant)
                 remaining = deadline - loop.time()
                 if job.status.is_final or remaining <= 0 or self.shutting_down:
                     return job
