@@ -43,6 +43,7 @@ from worker.heartbeat import Heartbeat
 from worker.lanes import lane_order
 from worker.models.base import DeviceOutOfMemory, Model, ModelError
 from worker.stats import Stats
+from worker.streams import limits, smooth
 
 log = logging.getLogger("inferq.worker")
 
@@ -125,6 +126,7 @@ class Worker:
         self._stale: list[Entry] = []  # entries to ack without a result (already final)
         self._posting: set[str] = set()  # finalised here, not yet written: never re-admit
         self.batch_starts: dict[int, float] = {}  # batch → when it started (stuck detection)
+        self.recent_run_s = 0.0  # smoothed batch run time (how long a busy stream waits)
         self.heartbeat = Heartbeat(self, backend=backend)
 
     # --- lifecycle ---
@@ -393,6 +395,7 @@ class Worker:
                 handed_back = await self._hand_back_unstarted()
             batch = None
             if len(running) < self.model_threads:
+                self._set_limits(len(running))
                 batch = self.batcher.next_batch(now, force=stopping)
             if batch is None:
                 if stopping and not running and not len(self.batcher):
@@ -409,6 +412,13 @@ class Worker:
             for it in batch.items:  # claimed now, so a stop never hands back a job mid-run
                 it.key[0].started_items += 1
             running.add(asyncio.create_task(self._run_batch(batch)))
+
+    def _set_limits(self, running: int) -> None:
+        lim = limits(
+            running, self.model_threads, self.settings.max_batch_size,
+            self.settings.max_wait_ms / 1000, self.recent_run_s,
+        )  # fmt: skip
+        self.batcher.max_batch_size, self.batcher.max_wait_s = lim.max_batch_size, lim.max_wait_s
 
     async def _hand_back_unstarted(self) -> int:
         """On stop: jobs with no item started go back to the queue now, not after a timeout."""
@@ -440,7 +450,7 @@ class Worker:
     async def _run_solo(self, state: JobState) -> None:
         if state.error is not None:
             return
-        solo = Batcher(self.ceiling.value, self.batcher.max_batch_size, 0.0, self.batcher.min_fill)
+        solo = Batcher(self.ceiling.value, self.settings.max_batch_size, 0.0, self.batcher.min_fill)
         for it in state.solo_items or ():
             solo.add(it)
         while (batch := solo.next_batch(time.monotonic(), force=True)) is not None:
@@ -523,6 +533,7 @@ class Worker:
             await self._split(items)
             return
         run_s = time.perf_counter() - t0
+        self.recent_run_s = smooth(self.recent_run_s, run_s)
         before = self.ceiling.value
         if self.ceiling.on_success() > before:
             log.info(
