@@ -103,7 +103,7 @@ class Settings(BaseSettings):
         "Raise it (a few ms) when one big batch costs about what one item does (GPUs) and load is moderate.",
     )
     min_padding_efficiency: float = Field(
-        0.75,
+        0.85,
         ge=0,
         le=1,
         description="Least real ÷ padded tokens a multi-item batch may have. Higher wastes less "
