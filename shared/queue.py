@@ -78,25 +78,39 @@ end
 return out
 """
 
-# KEYS: job, counter[, dead-letter stream]. ARGV: ttl_s, channel, only_if_queued (0|1), fields...
-# Returns 1 written, 0 already final, 2 not queued (only_if_queued), -1 no such job.
+# Final outcomes for a batch of jobs in one call (a script call costs Redis far more than
+# the writes inside it). KEYS: counter, dead-letter stream, job 1, job 2, ... ARGV: ttl_s,
+# only_if_queued (0|1), then per job: channel, dead (0|1), 2n, n field/value pairs.
+# Returns per job: 1 written, 0 already final, 2 not queued (only_if_queued), -1 no such job.
 FINISH_LUA = """
-local raw = redis.call('HGET', KEYS[1], 'status')
-if not raw then return -1 end
-local status = cmsgpack.unpack(raw)
-if FINAL[status] then return 0 end
-if ARGV[3] == '1' and status ~= 'queued' then return 2 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 4))
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-local items = redis.call('HGET', KEYS[1], 'items')
-if items then
-  if redis.call('DECRBY', KEYS[2], cmsgpack.unpack(items)) < 0 then redis.call('SET', KEYS[2], 0) end
+local out, a = {}, 3
+for i = 3, #KEYS do
+  local key, channel, dead, n = KEYS[i], ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
+  local first, last = a + 3, a + 2 + n
+  a = last + 1
+  local raw = redis.call('HGET', key, 'status')
+  local status = raw and cmsgpack.unpack(raw)
+  if not raw then
+    out[#out + 1] = -1
+  elseif FINAL[status] then
+    out[#out + 1] = 0
+  elseif ARGV[2] == '1' and status ~= 'queued' then
+    out[#out + 1] = 2
+  else
+    redis.call('HSET', key, unpack(ARGV, first, last))
+    redis.call('EXPIRE', key, ARGV[1])
+    local items = redis.call('HGET', key, 'items')
+    if items then
+      if redis.call('DECRBY', KEYS[1], cmsgpack.unpack(items)) < 0 then redis.call('SET', KEYS[1], 0) end
+    end
+    if dead == '1' then
+      redis.call('XADD', KEYS[2], '*', 'job', cmsgpack.unpack(redis.call('HGET', key, 'id')))
+    end
+    redis.call('PUBLISH', channel, 'final')
+    out[#out + 1] = 1
+  end
 end
-if #KEYS == 3 then
-  redis.call('XADD', KEYS[3], '*', 'job', cmsgpack.unpack(redis.call('HGET', KEYS[1], 'id')))
-end
-redis.call('PUBLISH', ARGV[2], 'final')
-return 1
+return out
 """
 
 # KEYS: job, stream. ARGV: group, old entry id, job id.
@@ -200,14 +214,21 @@ class JobQueue:
 
     async def cancel(self, job: Job, fields: dict[str, bytes], *, only_if_queued: bool) -> int:
         """Finalise a job from outside a worker (cancel/expire); same guard as `finish`."""
-        argv: list[bytes | str | int] = [
-            self.result_ttl_s, keys.done_channel(job.id), "1" if only_if_queued else "0"
-        ]  # fmt: skip
-        for k, v in fields.items():
-            argv += [k, v]
-        return int(
-            await self._finish(keys=[keys.job(job.id), keys.queued_items(job.model)], args=argv)
-        )
+        final = Final(job.model, "", "", job.id, fields)
+        script_keys, argv = self._finish_args(job.model, [final], only_if_queued)
+        return int((await self._finish(keys=script_keys, args=argv))[0])
+
+    def _finish_args(
+        self, model: str, finals: Sequence[Final], only_if_queued: bool = False
+    ) -> tuple[list[str], list[bytes | str | int]]:
+        script_keys = [keys.queued_items(model), keys.dead(model)]
+        argv: list[bytes | str | int] = [self.result_ttl_s, "1" if only_if_queued else "0"]
+        for f in finals:
+            script_keys.append(keys.job(f.job_id))
+            argv += [keys.done_channel(f.job_id), "1" if f.dead_letter else "0", 2 * len(f.fields)]
+            for k, v in f.fields.items():
+                argv += [k, v]
+        return script_keys, argv
 
     async def queue_depth(self, model: str) -> int:
         """Jobs waiting or running: acked entries are deleted, so stream lengths are it."""
@@ -376,24 +397,26 @@ class JobQueue:
 
     async def finish(self, finals: Sequence[Final]) -> list[int]:
         """Write every final outcome, then ack their entries: one atomic round trip in all
-        (MULTI/EXEC, so a dead-letter entry, the final state and the ack land together)."""
+        (MULTI/EXEC, so a dead-letter entry, the final state and the ack land together),
+        one script call per model and one XACK + XDEL per stream."""
         if not finals:
             return []
+        by_model: dict[str, list[Final]] = {}
+        by_stream: dict[str, list[str]] = {}
+        for f in finals:
+            by_model.setdefault(f.model, []).append(f)
+            by_stream.setdefault(f.stream, []).append(f.entry_id)
         async with self.redis.pipeline(transaction=True) as p:
-            for f in finals:
-                argv: list[bytes | str | int] = [
-                    self.result_ttl_s,
-                    keys.done_channel(f.job_id),
-                    "0",
-                ]
-                for k, v in f.fields.items():
-                    argv += [k, v]
-                script_keys = [keys.job(f.job_id), keys.queued_items(f.model)]
-                if f.dead_letter:
-                    script_keys.append(keys.dead(f.model))
+            for model, group in by_model.items():
+                script_keys, argv = self._finish_args(model, group)
                 await self._finish(keys=script_keys, args=argv, client=p)
-            for f in finals:
-                p.xack(f.stream, keys.GROUP, f.entry_id)
-                p.xdel(f.stream, f.entry_id)
+            for stream, ids in by_stream.items():
+                p.xack(stream, keys.GROUP, *ids)
+                p.xdel(stream, *ids)
             results = await p.execute()
-        return [int(r) for r in results[: len(finals)]]
+        outcome = {
+            f.job_id: int(r)
+            for group, rs in zip(by_model.values(), results, strict=False)
+            for f, r in zip(group, rs, strict=True)
+        }
+        return [outcome[f.job_id] for f in finals]

@@ -79,6 +79,39 @@ async def test_final_write_is_never_overwritten_and_acks(queue: JobQueue) -> Non
     assert await queue.finish([Final("echo", entry.stream, "0-1", "gone", ok)]) == [-1]
 
 
+async def test_finish_a_batch_in_one_call(queue: JobQueue) -> None:
+    """One script call for many jobs: each job keeps its own outcome, ack and dead letter."""
+    await queue.ensure_group("echo")
+    for i in range(4):
+        await queue.submit(Job(id=f"b{i}", model="echo", inputs=["a"] * (i + 1), priority="normal"))
+    await queue.submit(Job(id="hi", model="echo", inputs=["a"], priority="high"))
+    entries = {e.job_id: e for e in await queue.read("echo", "c1", count=10, block_ms=100)}
+    assert len(entries) == 5 and await queue.queued_items("echo") == 11
+    ok = encode_final(Status.SUCCEEDED, finished_ms=1, outputs=np.ones((1, 4), np.float32))
+    failed = encode_final(Status.FAILED, finished_ms=1, error=JobError("poisoned", "x"))
+    assert await queue.finish(
+        [Final("echo", entries["b1"].stream, entries["b1"].entry_id, "b1", ok)]
+    ) == [1]
+    await queue.redis.delete(keys.job("b2"))  # its record expired
+    finals = [
+        Final("echo", entries[j].stream, entries[j].entry_id, j, fields, dead_letter=dead)
+        for j, fields, dead in (
+            ("b0", ok, False), ("b1", failed, False), ("b2", ok, False),
+            ("b3", failed, True), ("hi", ok, False),
+        )
+    ]  # fmt: skip
+    assert await queue.finish(finals) == [1, 0, -1, 1, 1]
+    got = {j: await queue.get(j) for j in ("b0", "b1", "b3", "hi")}
+    assert {j: g.status for j, g in got.items() if g} == {
+        "b0": Status.SUCCEEDED, "b1": Status.SUCCEEDED, "b3": Status.FAILED, "hi": Status.SUCCEEDED,
+    }  # fmt: skip
+    dead = await queue.redis.xrange(keys.dead("echo"))
+    assert [fields[b"job"] for _, fields in dead] == [b"b3"]
+    assert await queue.queued_items("echo") == 3  # b2's 3 items had no record left to release
+    assert await queue.queue_depth("echo") == 0  # every entry, both lanes, acked and deleted
+    assert await queue.read("echo", "c1", count=10, block_ms=None, pending=True) == []
+
+
 async def test_admission_cap_is_atomic_and_counts_items(queue: JobQueue) -> None:
     a = await queue.submit(Job(id="a", model="echo", inputs=["x"] * 3), max_queue=4)
     b = await queue.submit(Job(id="b", model="echo", inputs=["x"] * 2), max_queue=4)
