@@ -1,8 +1,9 @@
 """LitServe with its own batching: the same model behind `litserve.LitServer`.
 
-Batching is set fairly: max_batch_size and batch_timeout are inferq's own
-INFERQ_MAX_BATCH_SIZE (32) and INFERQ_MAX_WAIT_MS (5 ms) unless BENCH_MAX_BATCH_SIZE /
-BENCH_BATCH_TIMEOUT_S say otherwise; one inference worker, as inferq runs one per device.
+Batching is set fairly: max_batch_size is inferq's INFERQ_MAX_BATCH_SIZE (32); batch_timeout
+is 5 ms, since LitServe needs a timeout > 0 to batch at all (inferq's INFERQ_MAX_WAIT_MS
+default is 0: it batches what arrives while the device is busy); BENCH_MAX_BATCH_SIZE /
+BENCH_BATCH_TIMEOUT_S override them. One inference worker, as inferq runs one per device.
 Run: `python -m bench.litserve_app PORT` (env BENCH_DEVICE, BENCH_BACKEND).
 """
 
