@@ -124,3 +124,31 @@ def test_trace_failure_falls_back_to_eager(monkeypatch: pytest.MonkeyPatch) -> N
     m.load("cpu")
     assert not m.traced
     assert embed(m, MIXED[:2]).shape == (2, 384)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "CUDA out of memory. Tried to allocate 2.00 GiB",
+        "DefaultCPUAllocator: can't allocate memory",
+    ],
+)
+def test_out_of_memory_from_a_traced_graph_is_an_oom(
+    model: MiniLM, monkeypatch: pytest.MonkeyPatch, message: str
+) -> None:
+    """A TorchScript graph may re-raise an allocator failure as a plain RuntimeError: the
+    worker must still see an OOM (lower the ceiling, split), not a model error."""
+    from worker.models.base import DeviceOutOfMemory
+
+    def failing(text: str) -> object:
+        def run(*args: object) -> None:
+            raise RuntimeError(text)
+
+        return run
+
+    monkeypatch.setattr(model, "_model", failing(message))
+    with pytest.raises(DeviceOutOfMemory):
+        embed(model, ["hello"])
+    monkeypatch.setattr(model, "_model", failing("shape mismatch"))  # any other error stays one
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        embed(model, ["hello"])

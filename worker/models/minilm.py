@@ -34,6 +34,7 @@ _DTYPES = ("float32", "float16")
 # Largest |traced - eager| accepted on the load-time probe (per output component, unit vectors).
 _TRACE_TOLERANCE = {"float32": 1e-4, "float16": 1e-2}
 _PROBE = ["inferq trace probe", "a longer second sentence, so that the probe batch is padded"]
+_OOM_MESSAGES = ("can't allocate memory", "out of memory")  # CPU (c10), CUDA
 # tokenizer_config.json uses a huge sentinel for "no limit"; ignore anything that large.
 _NO_LIMIT = 1_000_000
 
@@ -195,8 +196,9 @@ class MiniLM:
         except (torch.cuda.OutOfMemoryError, MemoryError) as e:
             raise DeviceOutOfMemory(str(e)) from e
         except RuntimeError as e:
-            # CPU allocation failures surface as a plain RuntimeError from c10, not an OOM type.
-            if "can't allocate memory" in str(e):
+            # CPU allocation failures surface as a plain RuntimeError from c10, not an OOM type,
+            # and an error inside a TorchScript graph may come back re-wrapped as one.
+            if any(m in str(e) for m in _OOM_MESSAGES):
                 raise DeviceOutOfMemory(str(e)) from e
             raise
 
