@@ -115,7 +115,9 @@ def measure(corpus_name: str, duration_s: float) -> list[dict[str, Any]]:
         for bs in BATCH_SIZES:
             row = _batched(payloads, bs, duration_s / (2 * len(plans)), streams)
             if row["items_per_s"] > best.get("items_per_s", 0.0):
-                best = row | {"layout": f"{streams} batch(es) at once × {threads or 'default'} thread(s)"}
+                best = row | {
+                    "layout": f"{streams} batch(es) at once × {threads or 'default'} thread(s)"
+                }
     mem = _peak_mb(device)
     return [
         {"mode": "ceiling-1", **single, "peak_mem_mb": mem},

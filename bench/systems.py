@@ -41,19 +41,26 @@ def _base_env(device: str, backend: str, extra: dict[str, str]) -> dict[str, str
     return bench_env(BENCH_DEVICE=device, BENCH_BACKEND=backend, **extra)
 
 
-def seed(log_dir: Path, device: str, backend: str, extra: dict[str, str]) -> Running:
-    port = free_port()
-    argv = ["-m", "uvicorn", "bench.seed_app:app", "--host", "127.0.0.1", "--port", str(port),
-            "--log-level", "warning", "--no-access-log"]  # fmt: skip
-    proc = python("seed", argv, _base_env(device, backend, extra), log_dir)
+def _one_server(
+    name: str, argv: list[str], env: dict[str, str], log_dir: Path, port: int, health: str
+) -> Running:
+    """One server process on `port`, ready once `health` answers 200; stopped if it never does."""
+    proc = python(name, argv, env, log_dir)
     base = f"http://127.0.0.1:{port}"
-    run = Running("seed", Target((base,), "seed"), proc.pid, [proc])
+    run = Running(name, Target((base,), name), proc.pid, [proc])
     try:
-        wait_http(proc, f"{base}/healthz")
+        wait_http(proc, f"{base}{health}")
     except Exception:
         run.close()
         raise
     return run
+
+
+def seed(log_dir: Path, device: str, backend: str, extra: dict[str, str]) -> Running:
+    port = free_port()
+    argv = ["-m", "uvicorn", "bench.seed_app:app", "--host", "127.0.0.1", "--port", str(port),
+            "--log-level", "warning", "--no-access-log"]  # fmt: skip
+    return _one_server("seed", argv, _base_env(device, backend, extra), log_dir, port, "/healthz")
 
 
 def litserve(log_dir: Path, device: str, backend: str, extra: dict[str, str]) -> Running:
@@ -62,15 +69,8 @@ def litserve(log_dir: Path, device: str, backend: str, extra: dict[str, str]) ->
     env.update(
         BENCH_MAX_BATCH_SIZE=str(MAX_BATCH_SIZE), BENCH_BATCH_TIMEOUT_S=str(MAX_WAIT_MS / 1000)
     )
-    proc = python("litserve", ["-m", "bench.litserve_app", str(port)], env, log_dir)
-    base = f"http://127.0.0.1:{port}"
-    run = Running("litserve", Target((base,), "litserve"), proc.pid, [proc])
-    try:
-        wait_http(proc, f"{base}/health")
-    except Exception:
-        run.close()
-        raise
-    return run
+    argv = ["-m", "bench.litserve_app", str(port)]
+    return _one_server("litserve", argv, env, log_dir, port, "/health")
 
 
 def inferq_env(
