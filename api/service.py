@@ -173,8 +173,9 @@ class JobService:
         while True:
             fut = self.notifier.watch(job_id)  # watch first, then read: no gap to miss
             try:
-                if submitted is not None and not fut.done():
-                    job, submitted = submitted, None
+                first, submitted = submitted, None  # only ever stands in for the first read
+                if first is not None and not fut.done():
+                    job = first
                 else:
                     job = await self.get(job_id, tenant)
                 remaining = deadline - loop.time()

@@ -22,6 +22,7 @@ from typing import Any
 from bench import corpus, stats
 from bench.model import from_env
 from bench.procs import peak_rss_mb
+from worker.main import cpu_cores
 
 BATCH_SIZES = (8, 16, 32)
 
@@ -84,8 +85,7 @@ def _batched(payloads: list[Any], bs: int, duration_s: float, streams: int) -> d
 
 def layouts(device: str, backend: str, model: Any) -> list[tuple[int, int]]:
     """(batches at once, threads per batch) to try; 0 threads = leave the runtime's setting."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cores = cores or 1
+    cores = cpu_cores()
     # One thread per batch only where the thread count can be changed here (torch) and a
     # batch does not hold the GIL (traced); ONNX Runtime fixes its threads per session.
     if device == "cpu" and backend == "torch" and getattr(model, "traced", False) and cores > 1:
