@@ -8,14 +8,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
-from api import embeddings, errors, health, jobs, observability, status
-from api.auth import authenticate, load_api_keys
-from api.limits import BodyLimit
-from api.notifier import Notifier
-from api.service import JobService
-from shared.queue import JobQueue
-from shared.redis_conn import api_client, pubsub_client
-from shared.settings import Settings
+from inferq.api import embeddings, errors, health, jobs, observability, status
+from inferq.api.auth import authenticate, load_api_keys
+from inferq.api.limits import BodyLimit
+from inferq.api.notifier import Notifier
+from inferq.api.service import JobService
+from inferq.shared.queue import JobQueue
+from inferq.shared.redis_conn import api_client, pubsub_client
+from inferq.shared.settings import Settings
 
 log = logging.getLogger("inferq.api")
 

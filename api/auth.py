@@ -13,8 +13,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from shared.errors import Unauthorized
-from shared.settings import Settings
+from inferq.shared.errors import Unauthorized
+from inferq.shared.settings import Settings
 
 log = logging.getLogger("inferq.api")
 

@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from api.service import JobService
-from shared.settings import Settings
+from inferq.api.service import JobService
+from inferq.shared.settings import Settings
 
 
 async def _jobs(request: Request) -> JobService:

@@ -33,10 +33,10 @@ import numpy as np
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from api.auth import Tenant
-from api.responses import FastJSON
-from shared.errors import Overloaded, RequestError
-from shared.jobs import Job, Status
+from inferq.api.auth import Tenant
+from inferq.api.responses import FastJSON
+from inferq.shared.errors import Overloaded, RequestError
+from inferq.shared.jobs import Job, Status
 
 router = APIRouter(prefix="/v1", tags=["embeddings"])
 

@@ -11,9 +11,15 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.limits import BodyLimit, BodyTooLarge
-from api.responses import FastJSON, error_body
-from shared.errors import CodecError, Overloaded, QueueUnavailable, RequestError, Unauthorized
+from inferq.api.limits import BodyLimit, BodyTooLarge
+from inferq.api.responses import FastJSON, error_body
+from inferq.shared.errors import (
+    CodecError,
+    Overloaded,
+    QueueUnavailable,
+    RequestError,
+    Unauthorized,
+)
 
 log = logging.getLogger("inferq.api")
 

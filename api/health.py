@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from api.responses import FastJSON
-from shared.jobs import now_ms
+from inferq.api.responses import FastJSON
+from inferq.shared.jobs import now_ms
 
 router = APIRouter(tags=["health"])
 

@@ -8,13 +8,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
 
-from api.auth import Tenant
-from api.deps import Jobs
-from api.observability import metrics_of
-from api.responses import FastJSON, accepted_view, job_view
-from api.schemas import ErrorResponse, InferRequest, JobAccepted, JobView, SubmitRequest
-from shared.errors import Overloaded, RequestError
-from shared.jobs import Job, Status
+from inferq.api.auth import Tenant
+from inferq.api.deps import Jobs
+from inferq.api.observability import metrics_of
+from inferq.api.responses import FastJSON, accepted_view, job_view
+from inferq.api.schemas import ErrorResponse, InferRequest, JobAccepted, JobView, SubmitRequest
+from inferq.shared.errors import Overloaded, RequestError
+from inferq.shared.jobs import Job, Status
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.responses import FastJSON, error_body
+from inferq.api.responses import FastJSON, error_body
 
 
 class BodyTooLarge(Exception):

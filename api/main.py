@@ -9,9 +9,9 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
-from api.app import create_app
-from shared.logs import setup_logging
-from shared.settings import Settings
+from inferq.api.app import create_app
+from inferq.shared.logs import setup_logging
+from inferq.shared.settings import Settings
 
 
 class _Server(uvicorn.Server):

@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 from redis.asyncio import Redis
 
-from shared import keys
+from inferq.shared import keys
 
 log = logging.getLogger("inferq.api")
 

@@ -28,10 +28,10 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from api.responses import FastJSON
-from shared import keys
-from shared.jobs import now_ms
-from shared.metrics import CONTENT_TYPE_LATEST, ApiMetrics, api_metrics, render
+from inferq.api.responses import FastJSON
+from inferq.shared import keys
+from inferq.shared.jobs import now_ms
+from inferq.shared.metrics import CONTENT_TYPE_LATEST, ApiMetrics, api_metrics, render
 
 log = logging.getLogger("inferq.api")
 

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 from fastapi.responses import JSONResponse
 
-from shared.jobs import Job
+from inferq.shared.jobs import Job
 
 
 class FastJSON(JSONResponse):

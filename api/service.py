@@ -8,11 +8,11 @@ import hashlib
 import math
 import time
 
-from api.notifier import Notifier
-from shared.errors import InputRejected, JobConflict, JobNotFound, ModelNotServed, Overloaded
-from shared.jobs import Job, JobError, Status, encode_final, new_job_id, now_ms
-from shared.queue import JobQueue
-from shared.settings import Settings
+from inferq.api.notifier import Notifier
+from inferq.shared.errors import InputRejected, JobConflict, JobNotFound, ModelNotServed, Overloaded
+from inferq.shared.jobs import Job, JobError, Status, encode_final, new_job_id, now_ms
+from inferq.shared.queue import JobQueue
+from inferq.shared.settings import Settings
 
 # Even with pub/sub a waiter re-reads this often: a missed message costs at most this long.
 RECHECK_S = 2.0

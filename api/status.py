@@ -17,7 +17,7 @@ router = APIRouter(tags=["status"])
 @cache
 def page() -> bytes:
     """The page's bytes (inline CSS, JS and SVG charts; nothing fetched from elsewhere)."""
-    return files("api").joinpath("static/status.html").read_bytes()
+    return files("inferq.api").joinpath("static/status.html").read_bytes()
 
 
 @router.get("/", include_in_schema=False)

@@ -1,6 +1,6 @@
 """The model alone, no server: one item at a time, then length-sorted batches.
 
-Run as `python -m bench.ceiling CORPUS DURATION_S` (env BENCH_DEVICE, BENCH_BACKEND) in
+Run as `python -m inferq.bench.ceiling CORPUS DURATION_S` (env BENCH_DEVICE, BENCH_BACKEND) in
 its own process, so its peak memory is the model's alone; prints one JSON line of rows.
 Single: prepare + run per item, texts in corpus order. Batched: the whole corpus sorted
 by length and cut into batches of 8/16/32 (32 is inferq's INFERQ_MAX_BATCH_SIZE), run
@@ -19,10 +19,10 @@ import threading
 import time
 from typing import Any
 
-from bench import corpus, stats
-from bench.model import from_env
-from bench.procs import peak_rss_mb
-from worker.main import cpu_cores
+from inferq.bench import corpus, stats
+from inferq.bench.model import from_env
+from inferq.bench.procs import peak_rss_mb
+from inferq.worker.main import cpu_cores
 
 BATCH_SIZES = (8, 16, 32)
 

@@ -4,7 +4,7 @@
 `mixed`: a long-tailed mix, log-normal word counts (median 24 words) clipped to 3..230
 words, so the longest ones reach the model's 256-token limit.
 
-Regenerate with `python -m bench.corpus` (the files must come out byte-identical).
+Regenerate with `python -m inferq.bench.corpus` (the files must come out byte-identical).
 """
 
 from __future__ import annotations

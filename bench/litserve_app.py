@@ -4,7 +4,7 @@ Batching is set fairly: max_batch_size is inferq's INFERQ_MAX_BATCH_SIZE (32); b
 is 5 ms, since LitServe needs a timeout > 0 to batch at all (inferq's INFERQ_MAX_WAIT_MS
 default is 0: it batches what arrives while the device is busy); BENCH_MAX_BATCH_SIZE /
 BENCH_BATCH_TIMEOUT_S override them. One inference worker, as inferq runs one per device.
-Run: `python -m bench.litserve_app PORT` (env BENCH_DEVICE, BENCH_BACKEND).
+Run: `python -m inferq.bench.litserve_app PORT` (env BENCH_DEVICE, BENCH_BACKEND).
 """
 
 import os
@@ -13,7 +13,7 @@ from typing import Any
 
 import litserve as ls
 
-from bench.model import from_env
+from inferq.bench.model import from_env
 
 
 class MiniLMApi(ls.LitAPI):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from bench.http import Connection, HTTPError
+from inferq.bench.http import Connection, HTTPError
 
 _BATCH_SIZE = re.compile(rb'"batch_size":(\d+)')
 _ID = re.compile(rb'"id":"([^"]+)"')

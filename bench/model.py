@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 
-from worker.models.base import Model
+from inferq.worker.models.base import Model
 
 
 def build(device: str, backend: str) -> Model:
     """The loaded model for `device` and `backend` (torch | onnx); onnx may raise ImportError."""
-    from shared.settings import ModelSpec, Settings
-    from worker.models.registry import build_model
+    from inferq.shared.settings import ModelSpec, Settings
+    from inferq.worker.models.registry import build_model
 
     settings = Settings(backend=backend, device=device)  # type: ignore[arg-type]
     model = build_model(ModelSpec("minilm"), settings)

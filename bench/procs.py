@@ -18,8 +18,6 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 class BenchError(RuntimeError):
     """A system under test could not be started or measured; the message says which."""
@@ -43,7 +41,7 @@ class Proc:
         # Its own process group: servers that fork or spawn workers (LitServe) are stopped
         # whole, not left running to skew the next measurement.
         self.popen = subprocess.Popen(
-            argv, cwd=ROOT, env=dict(env), stdout=self._log, stderr=subprocess.STDOUT,
+            argv, env=dict(env), stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
 
@@ -147,5 +145,5 @@ def reset_tree_peak(pid: int) -> None:
 
 def bench_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
-    env.update(PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT), **extra)
+    env.update(PYTHONUNBUFFERED="1", **extra)
     return env

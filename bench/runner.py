@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench import corpus, load, stats, systems
-from bench.procs import ROOT, BenchError, bench_env, reset_tree_peak, tree_peak_rss_mb
+from inferq.bench import corpus, load, stats, systems
+from inferq.bench.procs import BenchError, bench_env, reset_tree_peak, tree_peak_rss_mb
 
 Row = dict[str, Any]
 OPEN_FRACTIONS = (0.5, 0.9)
@@ -112,8 +112,8 @@ class Runner:
         env = bench_env(
             BENCH_DEVICE=self.plan.device, BENCH_BACKEND=self.plan.backend, **dict(self.plan.env)
         )
-        argv = [sys.executable, "-m", "bench.ceiling", c, str(self.plan.duration_s)]
-        out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        argv = [sys.executable, "-m", "inferq.bench.ceiling", c, str(self.plan.duration_s)]
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
         if out.returncode != 0:
             raise BenchError(f"ceiling failed:\n{out.stderr[-3000:]}")
         for r in json.loads(out.stdout.strip().splitlines()[-1]):

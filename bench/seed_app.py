@@ -3,7 +3,7 @@
 FastAPI with the model in-process and an `asyncio.Semaphore(4)` around each per-input
 model call, the call run in a thread so the event loop stays responsive. No batching.
 Same request shape as inferq's POST /v1/infer. Env: BENCH_DEVICE, BENCH_BACKEND.
-Run: `uvicorn bench.seed_app:app`.
+Run: `uvicorn inferq.bench.seed_app:app`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from bench.model import from_env
+from inferq.bench.model import from_env
 
 CONCURRENT_CALLS = 4
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import redis
 
-from bench.load import Target
-from bench.procs import Proc, bench_env, python, wait_for, wait_http
+from inferq.bench.load import Target
+from inferq.bench.procs import Proc, bench_env, python, wait_for, wait_http
 from inferq.redis_server import RedisServer, free_port
-from shared import keys
+from inferq.shared import keys
 
 # LitServe needs a batch_timeout > 0 to batch at all; 5 ms is the usual value. inferq runs with
 # its own default INFERQ_MAX_WAIT_MS (0: it batches what arrives while the device is busy).
@@ -58,7 +58,7 @@ def _one_server(
 
 def seed(log_dir: Path, device: str, backend: str, extra: dict[str, str]) -> Running:
     port = free_port()
-    argv = ["-m", "uvicorn", "bench.seed_app:app", "--host", "127.0.0.1", "--port", str(port),
+    argv = ["-m", "uvicorn", "inferq.bench.seed_app:app", "--host", "127.0.0.1", "--port", str(port),
             "--log-level", "warning", "--no-access-log"]  # fmt: skip
     return _one_server("seed", argv, _base_env(device, backend, extra), log_dir, port, "/healthz")
 
@@ -69,7 +69,7 @@ def litserve(log_dir: Path, device: str, backend: str, extra: dict[str, str]) ->
     env.update(
         BENCH_MAX_BATCH_SIZE=str(MAX_BATCH_SIZE), BENCH_BATCH_TIMEOUT_S=str(MAX_WAIT_MS / 1000)
     )
-    argv = ["-m", "bench.litserve_app", str(port)]
+    argv = ["-m", "inferq.bench.litserve_app", str(port)]
     return _one_server("litserve", argv, env, log_dir, port, "/health")
 
 

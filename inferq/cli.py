@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, rest = _parser().parse_known_args(argv)
     if rest and args.command not in ("bench", "calibrate"):
         _parser().error(f"unrecognized arguments: {' '.join(rest)}")
-    from shared.settings import Settings
+    from inferq.shared.settings import Settings
 
     try:
         settings = Settings()
@@ -46,19 +46,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("inferq: invalid configuration:", e, sep="\n", file=sys.stderr)
         return 2
     if args.command == "bench":
-        from inferq.bench import main as bench_main
+        from inferq.bench.main import main as bench_main
 
         return bench_main(rest)
     if args.command == "calibrate":
-        from worker.calibrate import main as calibrate_main
+        from inferq.worker.calibrate import main as calibrate_main
 
         return calibrate_main(settings, rest)
     if args.command == "api":
-        from api.main import main as api_main
+        from inferq.api.main import main as api_main
 
         return api_main(settings, args.host, args.port)
     if args.command == "worker":
-        from worker.main import main as worker_main
+        from inferq.worker.main import main as worker_main
 
         return worker_main(settings, args.model)
     from inferq.up import run_up

@@ -37,7 +37,7 @@ free_port() { "$PY" -c 'from inferq.redis_server import free_port; print(free_po
 
 calibrate() {  # $1 = backend
   echo "=== calibrate minilm/$1/$DEVICE, budget $BUDGET ==="
-  timeout 170 "$PY" -c 'import sys; from shared.settings import Settings; from worker.calibrate import main; sys.exit(main(Settings(), sys.argv[1:]))' \
+  timeout 170 "$PY" -c 'import sys; from inferq.shared.settings import Settings; from inferq.worker.calibrate import main; sys.exit(main(Settings(), sys.argv[1:]))' \
     --model minilm --backend "$1" --device "$DEVICE" --budget "$BUDGET" --time-limit-s 100 --no-progress \
     2> >(grep -v "Loading weights" >&2) || echo "calibrate $1 failed (rc=$?)"
 }
@@ -62,7 +62,7 @@ burst() {  # $1 = backend
   timeout 150 "$PY" - "$aport" "$wpid" "$BUDGET" "$CLIENTS" "$JOBS" "$INPUTS" <<'PYEOF' || echo "burst $backend failed (rc=$?)"
 import asyncio, subprocess, sys, threading, time
 import httpx
-from worker.calibrate import fmt_bytes, parse_budget
+from inferq.worker.calibrate import fmt_bytes, parse_budget
 
 port, wpid, budget_text = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 clients, jobs, inputs = (int(x) for x in sys.argv[4:7])

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from worker.models.minilm import MiniLM
-from worker.models.minilm_onnx import MiniLMOnnx
+from inferq.worker.models.minilm import MiniLM
+from inferq.worker.models.minilm_onnx import MiniLMOnnx
 
 N, BATCH = 512, 32
 

@@ -32,10 +32,7 @@ from typing import Any
 import httpx
 import redis
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from inferq.redis_server import RedisServer, free_port  # noqa: E402
+from inferq.redis_server import RedisServer, free_port
 
 
 class _NoOp:
@@ -56,9 +53,9 @@ def serve(mode: str, port: int) -> None:
     import uvicorn
     from prometheus_client import CollectorRegistry
 
-    from api.app import create_app
-    from shared.metrics import ApiMetrics
-    from shared.settings import Settings
+    from inferq.api.app import create_app
+    from inferq.shared.metrics import ApiMetrics
+    from inferq.shared.settings import Settings
 
     app = create_app(Settings())
     if mode == "off":
@@ -118,7 +115,7 @@ def micro() -> tuple[float, float]:
     """In-process cost (µs) of what a submit adds (labels().inc()) and of one scrape."""
     import timeit
 
-    from shared.metrics import api_metrics, render
+    from inferq.shared.metrics import api_metrics, render
 
     m = api_metrics()
     for i in range(4):

@@ -21,8 +21,8 @@ import numpy as np
 from redis.asyncio import Redis
 
 from inferq.redis_server import RedisServer
-from shared.jobs import Job, Status, encode_final, new_job_id, now_ms
-from shared.queue import Final, JobQueue
+from inferq.shared.jobs import Job, Status, encode_final, new_job_id, now_ms
+from inferq.shared.queue import Final, JobQueue
 
 MODEL = "cost"
 

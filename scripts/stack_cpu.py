@@ -17,14 +17,12 @@ import os
 import re
 import resource
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/ is not installed
-from bench import corpus, load, systems
-from bench.stats import percentile
+from inferq.bench import corpus, load, systems
+from inferq.bench.stats import percentile
 
 _RUN = re.compile(r"batch items=(\d+) tokens=\d+/\d+ run_ms=([\d.]+)")
 

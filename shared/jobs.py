@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from shared.errors import CodecError
+from inferq.shared.errors import CodecError
 
 SCHEMA_VERSION = 1
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from shared import keys
-from shared.jobs import FINAL, Job, decode_job, encode_submit, pack_field
+from inferq.shared import keys
+from inferq.shared.jobs import FINAL, Job, decode_job, encode_submit, pack_field
 
 _FINAL_LUA = "{" + ", ".join(f"['{s}']=true" for s in sorted(FINAL)) + "}"
 

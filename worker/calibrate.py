@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.memory import (
+from inferq.worker.memory import (
     device_memory,
     nvml_used_bytes,
     peak_rss_bytes,
@@ -396,7 +396,7 @@ def run_probes(
     progress: Callable[[Sequence[Any]], Any] = lambda xs: xs,
 ) -> list[Probe]:
     """Run every (length, batch) with padded ≤ max_tokens, ascending; stop at OOM or time."""
-    from worker.models.base import DeviceOutOfMemory
+    from inferq.worker.models.base import DeviceOutOfMemory
 
     payloads = {n: _payload_for_cost(model, n) for n in lengths}
     plan = sorted(
@@ -482,9 +482,9 @@ def _progress(disabled: bool) -> Callable[[Sequence[Any]], Any]:
 
 def calibrate(settings: Any, args: argparse.Namespace) -> tuple[Calibration, Path]:
     """Load the model on the device, probe, fit, write the file; returns it and its path."""
-    from shared.settings import ModelSpec
-    from worker.main import resolve_device
-    from worker.models.registry import build_model
+    from inferq.shared.settings import ModelSpec
+    from inferq.worker.main import resolve_device
+    from inferq.worker.models.registry import build_model
 
     device = resolve_device(args.device)
     settings = settings.model_copy(
@@ -559,7 +559,7 @@ def format_table(cal: Calibration) -> str:
 
 
 def main(settings: Any, argv: list[str]) -> int:
-    from shared.logs import setup_logging
+    from inferq.shared.logs import setup_logging
 
     setup_logging(settings.log_level, settings.log_format)
     if argv[:1] == ["--"]:  # `inferq calibrate -- --model ...`: argparse.REMAINDER keeps it

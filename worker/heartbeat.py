@@ -16,12 +16,12 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
-from shared import keys
-from shared.jobs import now_ms
-from worker.memory import SnapshotState, device_memory
+from inferq.shared import keys
+from inferq.shared.jobs import now_ms
+from inferq.worker.memory import SnapshotState, device_memory
 
 if TYPE_CHECKING:
-    from worker.service import Worker
+    from inferq.worker.service import Worker
 
 log = logging.getLogger("inferq.worker")
 
@@ -62,14 +62,14 @@ class Heartbeat:
         at = self.w.settings.snapshot_at
         if at is None or not total or reserved / total < at:
             return
-        from worker.memory import maybe_snapshot
+        from inferq.worker.memory import maybe_snapshot
 
         if self._snapshots is None:
             self._snapshots = SnapshotState()
         maybe_snapshot(self.w.device, reserved / total, self.w.settings, self._snapshots)
 
     async def loop(self) -> None:
-        from worker.service import REDIS_DOWN
+        from inferq.worker.service import REDIS_DOWN
 
         while True:
             try:

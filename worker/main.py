@@ -11,15 +11,15 @@ import time
 
 from prometheus_client import start_http_server
 
-from shared.logs import setup_logging
-from shared.metrics import worker_metrics
-from shared.redis_conn import worker_client
-from shared.settings import ModelSpec, Settings
-from worker.calibrate import backend_key, load_calibration
-from worker.calibrate import resolve_ceiling as from_calibration
-from worker.models.base import Model
-from worker.models.registry import build_model
-from worker.service import Worker
+from inferq.shared.logs import setup_logging
+from inferq.shared.metrics import worker_metrics
+from inferq.shared.redis_conn import worker_client
+from inferq.shared.settings import ModelSpec, Settings
+from inferq.worker.calibrate import backend_key, load_calibration
+from inferq.worker.calibrate import resolve_ceiling as from_calibration
+from inferq.worker.models.base import Model
+from inferq.worker.models.registry import build_model
+from inferq.worker.service import Worker
 
 log = logging.getLogger("inferq.worker")
 
@@ -160,7 +160,7 @@ def main(settings: Settings, model: str | None = None) -> int:
     device = resolve_device(settings.device)
     model_threads, intra_op = thread_plan(settings, device, spec)
     if settings.snapshot_at is not None:
-        from worker.memory import enable_history
+        from inferq.worker.memory import enable_history
 
         enable_history(device)  # so a snapshot says who allocated (CUDA only)
     loaded = load_model(spec, settings, device, intra_op)

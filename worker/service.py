@@ -32,18 +32,18 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from shared import keys
-from shared.jobs import Job, JobError, Status, encode_final, now_ms, pack_field
-from shared.metrics import WorkerMetrics
-from shared.queue import Entry, Final, JobQueue
-from shared.settings import Settings
-from worker.batcher import Batch, Batcher, Item
-from worker.ceiling import LiveCeiling
-from worker.heartbeat import Heartbeat
-from worker.lanes import lane_order
-from worker.models.base import DeviceOutOfMemory, Model, ModelError
-from worker.stats import Stats
-from worker.streams import limits, smooth
+from inferq.shared import keys
+from inferq.shared.jobs import Job, JobError, Status, encode_final, now_ms, pack_field
+from inferq.shared.metrics import WorkerMetrics
+from inferq.shared.queue import Entry, Final, JobQueue
+from inferq.shared.settings import Settings
+from inferq.worker.batcher import Batch, Batcher, Item
+from inferq.worker.ceiling import LiveCeiling
+from inferq.worker.heartbeat import Heartbeat
+from inferq.worker.lanes import lane_order
+from inferq.worker.models.base import DeviceOutOfMemory, Model, ModelError
+from inferq.worker.stats import Stats
+from inferq.worker.streams import limits, smooth
 
 log = logging.getLogger("inferq.worker")
 

@@ -6,7 +6,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from shared.jobs import JobError, Status, now_ms
+from inferq.shared.jobs import JobError, Status, now_ms
 
 
 @dataclass(slots=True)

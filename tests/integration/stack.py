@@ -19,7 +19,7 @@ import httpx
 import redis
 
 from inferq.redis_server import free_port
-from shared import keys
+from inferq.shared import keys
 
 ROOT = Path(__file__).resolve().parents[2]
 

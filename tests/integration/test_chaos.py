@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import redis
 
-from shared import keys
+from inferq.shared import keys
+from inferq.worker.models.echo import expected_vector
 from tests.integration.stack import ROOT, Stack, wait_for
-from worker.models.echo import expected_vector
 
 ARTIFACTS = ROOT / "test-artifacts"
 
@@ -75,7 +75,7 @@ async def _submit_all(base: str, texts: list[str], concurrency: int = 32) -> lis
 
 
 def _finals(stack: Stack, ids: list[str]) -> dict[str, dict]:
-    from shared.jobs import decode_job
+    from inferq.shared.jobs import decode_job
 
     out = {}
     for job_id in ids:
@@ -89,7 +89,7 @@ def _finals(stack: Stack, ids: list[str]) -> dict[str, dict]:
 
 
 def _succeeded(stack: Stack, ids: list[str]) -> int:
-    from shared.jobs import FINAL
+    from inferq.shared.jobs import FINAL
 
     try:
         with stack.r.pipeline(transaction=False) as p:

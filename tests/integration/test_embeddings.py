@@ -8,8 +8,8 @@ import httpx
 import numpy as np
 import pytest
 
+from inferq.worker.models.echo import expected_vector
 from tests.integration.stack import Stack
-from worker.models.echo import expected_vector
 
 openai = pytest.importorskip("openai")
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import httpx
 
-from shared import keys
+from inferq.shared import keys
+from inferq.worker.models.echo import expected_vector
 from tests.integration.stack import ROOT, Stack, wait_for
-from worker.models.echo import expected_vector
 
 SPEC = "oom=tests.fixtures.oom:OomEcho"
 ARTIFACTS = ROOT / "test-artifacts"

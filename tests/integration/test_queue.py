@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from redis.asyncio import Redis
 
-from shared import keys
-from shared.jobs import Job, JobError, Status, encode_final
-from shared.queue import Final, JobQueue
+from inferq.shared import keys
+from inferq.shared.jobs import Job, JobError, Status, encode_final
+from inferq.shared.queue import Final, JobQueue
 
 
 @pytest.fixture

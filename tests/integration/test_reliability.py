@@ -7,9 +7,9 @@ import time
 
 import httpx
 
-from shared import keys
+from inferq.shared import keys
+from inferq.worker.models.echo import expected_vector
 from tests.integration.stack import Stack, wait_for
-from worker.models.echo import expected_vector
 
 
 def _post(base: str, body: dict, path: str = "/v1/jobs", **kw: object) -> httpx.Response:
@@ -141,7 +141,7 @@ def test_priorities_serve_high_first_without_starving_low(stack: Stack) -> None:
 
 
 def stack_finished(stack: Stack, job_id: str) -> int:
-    from shared.jobs import decode_job
+    from inferq.shared.jobs import decode_job
 
     job = decode_job(stack.r.hgetall(keys.job(job_id)))
     assert job.finished_ms is not None

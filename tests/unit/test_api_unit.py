@@ -8,10 +8,10 @@ import fakeredis
 import pytest
 from fastapi.testclient import TestClient
 
-from api import app as app_module
-from shared import keys
-from shared.jobs import Job, Status, encode_final, encode_submit
-from shared.settings import Settings
+from inferq.api import app as app_module
+from inferq.shared import keys
+from inferq.shared.jobs import Job, Status, encode_final, encode_submit
+from inferq.shared.settings import Settings
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench import corpus, load, report, stats
+from inferq.bench import corpus, load, report, stats
 
 
 def test_corpus_generation_is_deterministic_and_matches_the_shipped_files() -> None:

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from bench.http import Connection, HTTPError
+from inferq.bench.http import Connection, HTTPError
 
 Reply = Callable[[bytes, int], bytes | None]  # (request head, n-th connection) -> raw reply
 

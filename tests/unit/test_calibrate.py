@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.settings import Settings
-from worker import calibrate as cal
-from worker.calibrate import (
+from inferq.shared.settings import Settings
+from inferq.worker import calibrate as cal
+from inferq.worker.calibrate import (
     Calibration,
     Fit,
     Probe,

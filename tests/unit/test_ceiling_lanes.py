@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.ceiling import LiveCeiling
-from worker.lanes import lane_order
+from inferq.worker.ceiling import LiveCeiling
+from inferq.worker.lanes import lane_order
 
 
 def test_oom_lowers_below_the_failed_size_and_successes_raise_it_back() -> None:

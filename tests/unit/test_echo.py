@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from worker.models.base import Model
-from worker.models.echo import EchoModel, expected_vector
+from inferq.worker.models.base import Model
+from inferq.worker.models.echo import EchoModel, expected_vector
 
 
 def test_echo_is_deterministic_and_implements_the_protocol() -> None:

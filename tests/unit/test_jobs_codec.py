@@ -4,8 +4,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from shared.errors import CodecError
-from shared.jobs import (
+from inferq.shared.errors import CodecError
+from inferq.shared.jobs import (
     SCHEMA_VERSION,
     Job,
     JobError,

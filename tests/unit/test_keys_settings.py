@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from shared import keys
-from shared.settings import ModelSpec, Settings
+from inferq.shared import keys
+from inferq.shared.settings import ModelSpec, Settings
 
 
 def test_key_layout_is_pinned() -> None:

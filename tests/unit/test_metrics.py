@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from shared.metrics import (
+from inferq.shared.metrics import (
     BATCH_SIZE_BUCKETS,
     BATCH_TOKENS_BUCKETS,
     SECONDS_BUCKETS,

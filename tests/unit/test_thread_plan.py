@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared.settings import ModelSpec, Settings
-from worker import main
-from worker.main import settle_plan, thread_plan
+from inferq.shared.settings import ModelSpec, Settings
+from inferq.worker import main
+from inferq.worker.main import settle_plan, thread_plan
 
 MINILM, ECHO, USER = ModelSpec("minilm"), ModelSpec("echo"), ModelSpec("x=pkg.mod:Model")
 

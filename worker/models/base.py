@@ -35,7 +35,7 @@ class DeviceOutOfMemory(Exception):
 
 @runtime_checkable
 class Model(Protocol):
-    """What the worker needs from a model. See `worker.models.echo.EchoModel` for the smallest one."""
+    """What the worker needs from a model. See `inferq.worker.models.echo.EchoModel` for the smallest one."""
 
     #: Width of each output vector.
     dim: int

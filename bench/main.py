@@ -14,7 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+# Results go under the working directory, never beside the installed package: a source
+# checkout keeps them in bench/results and refreshes docs/benchmarks.md; elsewhere they land in
+# ./inferq-bench-results and no docs are written.
+IN_CHECKOUT = Path("bench/main.py").is_file() and Path("docs/benchmarks.md").is_file()
+DEFAULT_OUT = "bench/results" if IN_CHECKOUT else "inferq-bench-results"
+DEFAULT_DOCS = "docs" if IN_CHECKOUT else ""
 ALL_SYSTEMS = "ceiling,seed,inferq,jobs,litserve,frontend"
 
 
@@ -30,10 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--systems", default=ALL_SYSTEMS, help=f"subset of {ALL_SYSTEMS}")
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for every server process")
     p.add_argument("--quick", action="store_true", help="smoke run: 1,8,32 clients, 2 s points")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results"), help="results directory")
-    p.add_argument(
-        "--docs", default=str(ROOT / "docs"), help="where benchmarks.md/png go ('' = skip)"
-    )
+    p.add_argument("--out", default=DEFAULT_OUT, help="results directory")
+    p.add_argument("--docs", default=DEFAULT_DOCS, help="where benchmarks.md/png go ('' = skip)")
     return p
 
 
@@ -64,21 +67,19 @@ def _onnx_ok(backend: str) -> str | None:
     if backend != "onnx":
         return None
     try:
-        import worker.models.minilm_onnx  # noqa: F401
+        import inferq.worker.models.minilm_onnx  # noqa: F401
     except ImportError as e:
-        return f"--backend onnx: worker.models.minilm_onnx does not import ({e}); skipped"
+        return f"--backend onnx: inferq.worker.models.minilm_onnx does not import ({e}); skipped"
     return None
 
 
 def main(argv: list[str]) -> int:
     # `inferq bench -- --quick`: the CLI's REMAINDER keeps the "--" in front.
     args = _parser().parse_args(argv[1:] if argv[:1] == ["--"] else argv)
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     from tqdm import tqdm
 
-    from bench import report, stats
-    from bench.runner import Plan, run_once
+    from inferq.bench import report, stats
+    from inferq.bench.runner import Plan, run_once
 
     if (msg := _onnx_ok(args.backend)) is not None:
         print(msg, file=sys.stderr)
