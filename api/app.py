@@ -15,6 +15,7 @@ from inferq.api.notifier import Notifier
 from inferq.api.service import JobService
 from inferq.shared.queue import JobQueue
 from inferq.shared.redis_conn import api_client, pubsub_client
+from inferq.shared.registry import WorkerRegistry
 from inferq.shared.settings import Settings
 
 log = logging.getLogger("inferq.api")
@@ -32,7 +33,8 @@ def create_app(settings: Settings) -> FastAPI:
         queue = JobQueue(redis, result_ttl_s=settings.result_ttl_s)
         app.state.settings = settings
         app.state.redis = redis
-        app.state.jobs = JobService(settings, queue, notifier)
+        app.state.registry = WorkerRegistry(redis)
+        app.state.jobs = JobService(settings, queue, app.state.registry, notifier)
         log.info("api ready: models=%s", ",".join(sorted(settings.served_models)))
         if not app.state.api_keys:
             log.warning("INFERQ_API_KEYS is not set: the API is open to anyone who can reach it")

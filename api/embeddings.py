@@ -34,6 +34,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from inferq.api.auth import Tenant
+from inferq.api.errors import request_error
 from inferq.api.responses import FastJSON
 from inferq.shared.errors import Overloaded, RequestError
 from inferq.shared.jobs import Job, Status
@@ -157,7 +158,8 @@ async def create_embeddings(request: Request, tenant: Tenant) -> FastJSON:
             429, str(e), "rate_limit_error", e.reason, headers={"Retry-After": str(e.retry_after_s)}
         )
     except RequestError as e:
-        return openai_error(e.status_code, str(e), "invalid_request_error", e.code)
+        status, code = request_error(e)
+        return openai_error(status, str(e), "invalid_request_error", code)
     if not job.status.is_final:
         return FastJSON(
             {"id": job.id, "status": str(job.status), "model": job.model},

@@ -15,6 +15,11 @@ from inferq.api.limits import BodyLimit, BodyTooLarge
 from inferq.api.responses import FastJSON, error_body
 from inferq.shared.errors import (
     CodecError,
+    InputInvalid,
+    InputTooLarge,
+    JobConflict,
+    JobNotFound,
+    ModelNotServed,
     Overloaded,
     QueueUnavailable,
     RequestError,
@@ -38,14 +43,35 @@ async def _validation(request: Request, exc: RequestValidationError) -> FastJSON
     return FastJSON(body, status_code=422)
 
 
+#: Each client-caused error's HTTP status and `error.code`; the OpenAI routes reuse it.
+REQUEST_ERRORS: dict[type[RequestError], tuple[int, str]] = {
+    Unauthorized: (401, "unauthorized"),
+    JobNotFound: (404, "not_found"),
+    ModelNotServed: (404, "model_not_found"),
+    JobConflict: (409, "conflict"),
+    InputTooLarge: (413, "input_rejected"),
+    InputInvalid: (422, "input_rejected"),
+    Overloaded: (429, "overloaded"),
+}
+
+
+def request_error(exc: RequestError) -> tuple[int, str]:
+    """(HTTP status, error code) of a client-caused error; 400 for one not in the table."""
+    for cls in type(exc).__mro__:
+        if cls in REQUEST_ERRORS:
+            return REQUEST_ERRORS[cls]  # type: ignore[index]
+    return 400, "bad_request"
+
+
 async def _request_error(request: Request, exc: RequestError) -> FastJSON:
-    log.info("rejected %s %s: %s %s", request.method, request.url.path, exc.code, exc)
+    status, code = request_error(exc)
+    log.info("rejected %s %s: %s %s", request.method, request.url.path, code, exc)
     headers: dict[str, str] = {}
     if isinstance(exc, Overloaded):
         headers["Retry-After"] = str(exc.retry_after_s)
     elif isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
-    return FastJSON(error_body(exc.code, str(exc)), status_code=exc.status_code, headers=headers)
+    return FastJSON(error_body(code, str(exc)), status_code=status, headers=headers)
 
 
 async def _unavailable(request: Request, exc: Exception) -> FastJSON:

@@ -22,10 +22,8 @@ async def readyz(request: Request) -> FastJSON:
     jobs = request.app.state.jobs
     default = jobs.settings.default_model.name
     try:
-        await jobs.queue.redis.ping()
-        unserved = [
-            m for m in sorted(jobs.models) if not await jobs.queue.live_workers(m, now_ms())
-        ]
+        await jobs.queue.ping()
+        unserved = [m for m in sorted(jobs.models) if not await jobs.registry.live(m, now_ms())]
     except Exception as e:  # any Redis failure means not ready; never a 500 here
         return FastJSON(
             {"status": "unavailable", "redis": False, "reason": str(e)}, status_code=503

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Header, Query, Request
 
 from inferq.api.auth import Tenant
 from inferq.api.deps import Jobs
+from inferq.api.errors import request_error
 from inferq.api.observability import metrics_of
 from inferq.api.responses import FastJSON, accepted_view, job_view
 from inferq.api.schemas import ErrorResponse, InferRequest, JobAccepted, JobView, SubmitRequest
@@ -42,7 +43,7 @@ async def submit(
             timeout_s=req.timeout_s, idempotency_key=key,
         )  # fmt: skip
     except RequestError as e:
-        reason = e.reason if isinstance(e, Overloaded) else e.code
+        reason = e.reason if isinstance(e, Overloaded) else request_error(e)[1]
         m.jobs_rejected.labels(
             model=req.model or jobs.settings.default_model.name, reason=reason
         ).inc()

@@ -19,19 +19,16 @@ memory is what the workers last published.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Mapping
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, FastAPI, Request, Response
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from inferq.api.responses import FastJSON
-from inferq.shared import keys
+from inferq.shared.errors import QueueUnavailable
 from inferq.shared.jobs import now_ms
 from inferq.shared.metrics import CONTENT_TYPE_LATEST, ApiMetrics, api_metrics, render
+from inferq.shared.queue import JobQueue
+from inferq.shared.registry import WorkerRegistry
 
 log = logging.getLogger("inferq.api")
 
@@ -40,32 +37,7 @@ router = APIRouter(tags=["observability"])
 # Items older than this with no batch finished by any worker in that window: stalled.
 STALLED_AFTER_S = 30.0
 
-# Heartbeat fields (all strings in the hash) and how to read them; others pass through.
-_INT_FIELDS = frozenset(
-    {
-        "pid",
-        "token_ceiling",
-        "last_batch_size",
-        "last_batch_tokens",
-        "last_batch_at_ms",
-        "batches",
-        "ooms",
-        "held_items",
-        "beat_ms",
-        "mem_allocated",
-        "mem_reserved",
-        "mem_total",
-    }
-)
-_FLOAT_FIELDS = frozenset({"items_per_s"})
-# Output order (the hash's own order is arbitrary); fields not listed follow, sorted.
-_ORDER = (
-    "id", "host", "pid", "model", "backend", "device", "token_ceiling", "items_per_s",
-    "last_batch_size", "last_batch_tokens", "last_batch_at_ms", "batches", "ooms",
-    "held_items", "mem_allocated", "mem_reserved", "mem_total", "beat_ms",
-)  # fmt: skip
-_RANK = {f: i for i, f in enumerate(_ORDER)}
-_UNREACHABLE = (RedisError, OSError, TimeoutError)
+_UNREACHABLE = (QueueUnavailable,)
 
 
 def metrics_of(app: FastAPI) -> ApiMetrics:
@@ -74,96 +46,6 @@ def metrics_of(app: FastAPI) -> ApiMetrics:
     if m is None:
         m = app.state.metrics = api_metrics()
     return m
-
-
-def _text(v: bytes | str) -> str:
-    return v.decode(errors="replace") if isinstance(v, bytes) else v
-
-
-def _number(v: str, kind: type[int] | type[float]) -> int | float | str | None:
-    if v == "" or v.lower() == "none":
-        return None
-    try:
-        return kind(float(v)) if kind is int else float(v)
-    except ValueError:
-        return v  # keep what the worker wrote rather than lose it
-
-
-def _field_rank(kv: tuple[str, str]) -> tuple[int, str]:
-    return _RANK.get(kv[0], len(_RANK)), kv[0]
-
-
-def decode_heartbeat(raw: Mapping[bytes | str, bytes | str]) -> dict[str, Any]:
-    """A heartbeat hash as JSON-ready values: numbers as numbers, calibration parsed.
-
-    Tolerant by design: missing fields are absent, unparsable numbers stay strings,
-    a calibration that is not JSON is returned as its string.
-    """
-    out: dict[str, Any] = {}
-    fields = sorted(((_text(k), _text(v)) for k, v in raw.items()), key=_field_rank)
-    for key, val in fields:
-        if key in _INT_FIELDS:
-            out[key] = _number(val, int)
-        elif key in _FLOAT_FIELDS:
-            out[key] = _number(val, float)
-        elif key == "calibration":
-            try:
-                out[key] = orjson.loads(val) if val else None
-            except orjson.JSONDecodeError:
-                out[key] = val
-        else:
-            out[key] = val
-    return out
-
-
-def _entry_ms(entry_id: bytes | str) -> int | None:
-    """Milliseconds part of a stream entry id `<ms>-<seq>`."""
-    head = _text(entry_id).split("-", 1)[0]
-    return int(head) if head.isdigit() else None
-
-
-async def _workers(redis: Redis, models: list[str], now: int) -> dict[str, list[dict[str, Any]]]:
-    """Live workers per model: zset members with expiry ≥ now, then their heartbeat hashes."""
-    async with redis.pipeline(transaction=False) as p:
-        for m in models:
-            p.zrangebyscore(keys.workers(m), now, "+inf")
-        ids_per_model = [[_text(i) for i in ids] for ids in await p.execute()]
-    flat = [wid for ids in ids_per_model for wid in ids]
-    beats: list[Any] = []
-    if flat:
-        async with redis.pipeline(transaction=False) as p:
-            for wid in flat:
-                p.hgetall(keys.worker(wid))
-            beats = await p.execute()
-    by_id = {wid: decode_heartbeat(b or {}) for wid, b in zip(flat, beats, strict=True)}
-    out: dict[str, list[dict[str, Any]]] = {}
-    for m, ids in zip(models, ids_per_model, strict=True):
-        # A member whose hash just expired still counts (its zset score says live).
-        out[m] = [by_id[wid] | {"id": by_id[wid].get("id", wid)} for wid in sorted(ids)]
-        for w in out[m]:
-            beat = w.get("beat_ms")
-            w["beat_age_ms"] = now - beat if isinstance(beat, int) else None
-    return out
-
-
-async def _queues(redis: Redis, models: list[str]) -> dict[str, tuple[int, int | None]]:
-    """Per model, over all priority lanes: (entries, ms timestamp of the oldest or None)."""
-    lanes = len(keys.LANES)
-    async with redis.pipeline(transaction=False) as p:
-        for m in models:
-            for s in keys.streams(m):
-                p.xlen(s)
-                p.xrange(s, "-", "+", count=1)
-        replies = await p.execute()
-    out: dict[str, tuple[int, int | None]] = {}
-    for i, m in enumerate(models):
-        mine = replies[2 * lanes * i : 2 * lanes * (i + 1)]
-        depth = sum(int(n) for n in mine[::2])
-        firsts = [
-            ms for first in mine[1::2] if first and (ms := _entry_ms(first[0][0])) is not None
-        ]
-        out[m] = (depth, min(firsts) if firsts else None)
-    return out
 
 
 def _model_status(
@@ -180,15 +62,15 @@ def _model_status(
     return "ok"
 
 
-async def health_report(redis: Redis, models: list[str]) -> tuple[int, dict[str, Any]]:
+async def health_report(
+    queue: JobQueue, registry: WorkerRegistry, models: list[str]
+) -> tuple[int, dict[str, Any]]:
     """(HTTP status, body) of `/v1/health`; Redis failures become `down`, never raise."""
-    started = time.perf_counter()
     try:
-        await redis.ping()
-        rtt_ms = round((time.perf_counter() - started) * 1000, 3)
-        queues = await _queues(redis, models)
+        rtt_ms = await queue.ping()
+        queues = await queue.lanes(models)
         now = now_ms()
-        workers = await _workers(redis, models, now)
+        workers = await registry.beats(models, now)
     except _UNREACHABLE as e:
         body = {
             "status": "down",
@@ -228,7 +110,9 @@ async def health_report(redis: Redis, models: list[str]) -> tuple[int, dict[str,
 async def health(request: Request) -> FastJSON:
     """Overall status, Redis round-trip, per model: queue depth, oldest age, live workers."""
     models = sorted(request.app.state.settings.served_models)
-    code, body = await health_report(request.app.state.redis, models)
+    code, body = await health_report(
+        request.app.state.jobs.queue, request.app.state.registry, models
+    )
     return FastJSON(body, status_code=code)
 
 
@@ -241,7 +125,7 @@ async def models(request: Request) -> FastJSON:
     settings = request.app.state.settings
     names = sorted(settings.served_models)
     try:
-        workers = await _workers(request.app.state.redis, names, now_ms())
+        workers = await request.app.state.registry.beats(names, now_ms())
         code = 200
     except _UNREACHABLE as e:
         log.warning("/v1/models: redis unreachable: %s", e)

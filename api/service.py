@@ -9,9 +9,17 @@ import math
 import time
 
 from inferq.api.notifier import Notifier
-from inferq.shared.errors import InputRejected, JobConflict, JobNotFound, ModelNotServed, Overloaded
-from inferq.shared.jobs import Job, JobError, Status, encode_final, new_job_id, now_ms
+from inferq.shared.errors import (
+    InputInvalid,
+    InputTooLarge,
+    JobConflict,
+    JobNotFound,
+    ModelNotServed,
+    Overloaded,
+)
+from inferq.shared.jobs import ErrorCode, Job, JobError, Status, encode_final, new_job_id, now_ms
 from inferq.shared.queue import JobQueue
+from inferq.shared.registry import WorkerRegistry
 from inferq.shared.settings import Settings
 
 # Even with pub/sub a waiter re-reads this often: a missed message costs at most this long.
@@ -21,9 +29,12 @@ THROUGHPUT_TTL_S = 1.0
 
 
 class JobService:
-    def __init__(self, settings: Settings, queue: JobQueue, notifier: Notifier) -> None:
+    def __init__(
+        self, settings: Settings, queue: JobQueue, registry: WorkerRegistry, notifier: Notifier
+    ) -> None:
         self.settings = settings
         self.queue = queue
+        self.registry = registry
         self.notifier = notifier
         self.models = settings.served_models
         self.shutting_down = False
@@ -39,17 +50,16 @@ class JobService:
     def check_inputs(self, texts: list[str]) -> None:
         s = self.settings
         if len(texts) > s.max_inputs_per_job:
-            raise InputRejected(
-                f"{len(texts)} inputs exceed INFERQ_MAX_INPUTS_PER_JOB={s.max_inputs_per_job}", 413
+            raise InputTooLarge(
+                f"{len(texts)} inputs exceed INFERQ_MAX_INPUTS_PER_JOB={s.max_inputs_per_job}"
             )
         for i, t in enumerate(texts):
             if len(t) > s.max_input_chars:
-                raise InputRejected(
-                    f"input {i} has {len(t)} characters, over INFERQ_MAX_INPUT_CHARS={s.max_input_chars}",
-                    413,
+                raise InputTooLarge(
+                    f"input {i} has {len(t)} characters, over INFERQ_MAX_INPUT_CHARS={s.max_input_chars}"
                 )
             if not t.strip():
-                raise InputRejected(f"input {i} is empty", 422)
+                raise InputInvalid(f"input {i} is empty")
 
     async def throughput(self, model: str) -> float:
         """Recent items/s of the model's live workers (cached briefly per process)."""
@@ -57,7 +67,7 @@ class JobService:
         cached = self._throughput.get(model)
         if cached is not None and now - cached[0] < THROUGHPUT_TTL_S:
             return cached[1]
-        value = await self.queue.throughput(model, now_ms())
+        value = await self.registry.throughput(model, now_ms())
         self._throughput[model] = (now, value)
         return value
 
@@ -124,7 +134,7 @@ class JobService:
             fields = encode_final(
                 Status.EXPIRED,
                 finished_ms=now_ms(),
-                error=JobError("expired", "deadline passed in queue"),
+                error=JobError(ErrorCode.EXPIRED, "deadline passed in queue"),
             )
             await self.queue.cancel(job, fields, only_if_queued=True)
             job = await self.queue.get(job_id) or job
@@ -146,7 +156,7 @@ class JobService:
         fields = encode_final(
             Status.CANCELLED,
             finished_ms=now_ms(),
-            error=JobError("cancelled", "cancelled by the client"),
+            error=JobError(ErrorCode.CANCELLED, "cancelled by the client"),
         )
         done = await self.queue.cancel(job, fields, only_if_queued=only_if_queued)
         if done == 0:

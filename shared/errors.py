@@ -2,11 +2,21 @@
 
 InferqError
 ├── CodecError            a record or message could not be encoded/decoded (cause attached)
-├── QueueUnavailable      Redis did not answer in time (API: 503 + Retry-After)
-└── RequestError          a client asked for something it cannot have (API: 4xx)
-    ├── JobNotFound       404
-    ├── ModelNotServed    404, names the models served
-    └── InputRejected     413/422, names the limit
+├── QueueUnavailable      Redis did not answer in time, or cannot take writes now
+│                         (down, loading, read-only replica, out of memory); `retry_after_s`
+└── RequestError          a client asked for something it cannot have
+    ├── Unauthorized      no key, or a wrong one
+    ├── JobNotFound       no such job for this tenant
+    ├── ModelNotServed    names the models served
+    ├── JobConflict       the job already ended
+    ├── Overloaded        the queue is full or too slow for the deadline; `retry_after_s`
+    ├── InputTooLarge     an input or a job past a size limit; names the setting
+    └── InputInvalid      an input that can never run; names the problem
+
+Domain errors say what went wrong; which HTTP status and error code a client sees for each
+is the API's business (`inferq.api.errors`), so the same error can answer differently on
+the OpenAI-shaped routes. Redis failures are turned into `QueueUnavailable` at the broker's
+boundary (`inferq.shared.redis_conn.unavailable`), so no caller handles redis-py's types.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ class CodecError(InferqError):
 
 
 class QueueUnavailable(InferqError):
-    """Redis is unreachable or too slow; retry after `retry_after_s`."""
+    """Redis is unreachable, too slow or refusing writes; retry after `retry_after_s`."""
 
     def __init__(self, message: str, retry_after_s: int = 1) -> None:
         super().__init__(message)
@@ -29,33 +39,27 @@ class QueueUnavailable(InferqError):
 
 
 class RequestError(InferqError):
-    status_code = 400
-    code = "bad_request"
-
-
-class JobNotFound(RequestError):
-    status_code = 404
-    code = "not_found"
-
-
-class ModelNotServed(RequestError):
-    status_code = 404
-    code = "model_not_found"
+    """Something the client asked for and cannot have (a 4xx at the API)."""
 
 
 class Unauthorized(RequestError):
-    status_code = 401
-    code = "unauthorized"
+    pass
+
+
+class JobNotFound(RequestError):
+    pass
+
+
+class ModelNotServed(RequestError):
+    pass
 
 
 class JobConflict(RequestError):
-    status_code = 409
-    code = "conflict"
+    pass
 
 
 class Overloaded(RequestError):
-    status_code = 429
-    code = "overloaded"
+    """Refused at admission; `reason` is `queue_full`, `queue_bytes` or `deadline`."""
 
     def __init__(self, message: str, retry_after_s: int, reason: str = "queue_full") -> None:
         super().__init__(message)
@@ -63,9 +67,9 @@ class Overloaded(RequestError):
         self.reason = reason
 
 
-class InputRejected(RequestError):
-    code = "input_rejected"
+class InputTooLarge(RequestError):
+    pass
 
-    def __init__(self, message: str, status_code: int = 422) -> None:
-        super().__init__(message)
-        self.status_code = status_code
+
+class InputInvalid(RequestError):
+    pass

@@ -11,31 +11,29 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 import msgpack
 import numpy as np
 
 from inferq.shared.errors import CodecError
+from inferq.shared.schema import FINAL, SCHEMA_VERSION, ErrorCode, Status
+from inferq.shared.schema import JobField as F
 
-SCHEMA_VERSION = 1
-
-
-class Status(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    EXPIRED = "expired"
-    CANCELLED = "cancelled"
-
-    @property
-    def is_final(self) -> bool:
-        return self in FINAL
-
-
-FINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.EXPIRED, Status.CANCELLED})
+__all__ = [
+    "FINAL",
+    "SCHEMA_VERSION",
+    "ErrorCode",
+    "Job",
+    "JobError",
+    "Status",
+    "decode_job",
+    "encode_final",
+    "encode_submit",
+    "new_job_id",
+    "now_ms",
+    "pack_field",
+]
 
 
 def new_job_id() -> str:
@@ -49,6 +47,9 @@ def now_ms() -> int:
 
 @dataclass(slots=True)
 class JobError:
+    """Why a job did not succeed: an `ErrorCode` (a plain string if a newer writer sent one
+    this reader does not know) and a message that names the input or limit."""
+
     code: str
     message: str
 
@@ -108,17 +109,17 @@ def decode_outputs(value: dict[str, Any]) -> np.ndarray:
 def encode_submit(job: Job) -> dict[str, bytes]:
     """Fields written when a job is accepted."""
     return {
-        "v": _pack(SCHEMA_VERSION),
-        "id": _pack(job.id),
-        "model": _pack(job.model),
-        "tenant": _pack(job.tenant),
-        "priority": _pack(job.priority),
-        "status": _pack(str(job.status)),
-        "inputs": _pack(job.inputs),
-        "items": _pack(len(job.inputs)),
-        "created_ms": _pack(job.created_ms),
-        "deadline_ms": _pack(job.deadline_ms),
-        "attempts": _pack(job.attempts),
+        F.VERSION: _pack(SCHEMA_VERSION),
+        F.ID: _pack(job.id),
+        F.MODEL: _pack(job.model),
+        F.TENANT: _pack(job.tenant),
+        F.PRIORITY: _pack(job.priority),
+        F.STATUS: _pack(str(job.status)),
+        F.INPUTS: _pack(job.inputs),
+        F.ITEMS: _pack(len(job.inputs)),
+        F.CREATED_MS: _pack(job.created_ms),
+        F.DEADLINE_MS: _pack(job.deadline_ms),
+        F.ATTEMPTS: _pack(job.attempts),
     }
 
 
@@ -132,16 +133,16 @@ def encode_final(
     batch_tokens: int = 0,
 ) -> dict[str, bytes]:
     """Fields written (once, guarded) when a job becomes final."""
-    fields = {
-        "status": _pack(str(status)),
-        "finished_ms": _pack(finished_ms),
-        "batch_size": _pack(batch_size),
-        "batch_tokens": _pack(batch_tokens),
+    fields: dict[str, bytes] = {
+        F.STATUS: _pack(str(status)),
+        F.FINISHED_MS: _pack(finished_ms),
+        F.BATCH_SIZE: _pack(batch_size),
+        F.BATCH_TOKENS: _pack(batch_tokens),
     }
     if outputs is not None:
-        fields["outputs"] = _pack(encode_outputs(outputs))
+        fields[F.OUTPUTS] = _pack(encode_outputs(outputs))
     if error is not None:
-        fields["error"] = _pack({"code": error.code, "message": error.message})
+        fields[F.ERROR] = _pack({"code": str(error.code), "message": error.message})
     return fields
 
 
@@ -149,31 +150,38 @@ def pack_field(value: Any) -> bytes:
     return _pack(value)
 
 
+def _code(value: str) -> str:
+    try:
+        return ErrorCode(value)
+    except ValueError:
+        return value  # a code from a newer writer: shown as is
+
+
 def decode_job(raw: dict[bytes, bytes]) -> Job:
     """Decode a full hash (HGETALL). Unknown fields are ignored (forward compatible)."""
     try:
         f = {k.decode(): _unpack(v) for k, v in raw.items()}
-        if f.get("v") != SCHEMA_VERSION:
-            raise CodecError(f"unsupported job schema version {f.get('v')!r}")
-        err = f.get("error")
-        outputs = f.get("outputs")
+        if f.get(F.VERSION) != SCHEMA_VERSION:
+            raise CodecError(f"unsupported job schema version {f.get(F.VERSION)!r}")
+        err = f.get(F.ERROR)
+        outputs = f.get(F.OUTPUTS)
         return Job(
-            id=f["id"],
-            model=f["model"],
-            inputs=f.get("inputs", []),
-            status=Status(f["status"]),
-            tenant=f.get("tenant", ""),
-            priority=f.get("priority", "normal"),
-            entry=f.get("entry", ""),
-            created_ms=f["created_ms"],
-            deadline_ms=f.get("deadline_ms", 0),
-            started_ms=f.get("started_ms"),
-            finished_ms=f.get("finished_ms"),
-            attempts=f.get("attempts", 0),
+            id=f[F.ID],
+            model=f[F.MODEL],
+            inputs=f.get(F.INPUTS, []),
+            status=Status(f[F.STATUS]),
+            tenant=f.get(F.TENANT, ""),
+            priority=f.get(F.PRIORITY, "normal"),
+            entry=f.get(F.ENTRY, ""),
+            created_ms=f[F.CREATED_MS],
+            deadline_ms=f.get(F.DEADLINE_MS, 0),
+            started_ms=f.get(F.STARTED_MS),
+            finished_ms=f.get(F.FINISHED_MS),
+            attempts=f.get(F.ATTEMPTS, 0),
             outputs=None if outputs is None else decode_outputs(outputs),
-            error=None if err is None else JobError(err["code"], err["message"]),
-            batch_size=f.get("batch_size", 0),
-            batch_tokens=f.get("batch_tokens", 0),
+            error=None if err is None else JobError(_code(err["code"]), err["message"]),
+            batch_size=f.get(F.BATCH_SIZE, 0),
+            batch_tokens=f.get(F.BATCH_TOKENS, 0),
         )
     except CodecError:
         raise

@@ -1,135 +1,25 @@
 """The queue client: how jobs enter Redis, get claimed, and become final.
 
-Writes that matter are Lua scripts, so each is atomic and safe to retry:
-- `submit`: admission cap + idempotency key + record + stream entry, all or nothing; a
-  no-op if the job id (or the idempotency key) already exists;
-- `claim`: a worker marks jobs running (only from `queued`) and reads them, in one trip;
-- `start`: right before a batch, counts each job's first device start on the broker
-  (`attempts`, so a crash that never returns still counts) and returns live statuses;
-- `finish`: writes the final fields, sets the TTL, releases the admission count and
-  publishes (and dead-letters, for a poisoned job), unless the job is already final: a
-  duplicate delivery after a crash can never clobber a result, and it is published once;
-- `hand_back`: a stopping worker re-queues a job it never started, at once.
-Order on the worker is result → notify → XACK (reliability guide #7).
+Writes that matter are the Lua scripts of `inferq.shared.scripts` (atomic, retry-safe).
+Order on the worker is result → notify → XACK (reliability guide #7). Every public method
+turns a Redis failure into `QueueUnavailable` (`inferq.shared.redis_conn.unavailable`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from inferq.shared import keys
-from inferq.shared.jobs import FINAL, Job, decode_job, encode_submit, pack_field
+from inferq.shared import keys, scripts
+from inferq.shared.jobs import Job, decode_job, encode_submit, pack_field
+from inferq.shared.redis_conn import unavailable
+from inferq.shared.schema import ENTRY_JOB
 
-_FINAL_LUA = "{" + ", ".join(f"['{s}']=true" for s in sorted(FINAL)) + "}"
-
-# KEYS: job, stream, counter[, idempotency]. ARGV: id, items, max_queue, idem_ttl_s, fields...
-# Returns {status, value}: ok → entry id; dup → existing job id; full → current depth.
-SUBMIT_LUA = """
-if #KEYS == 4 then
-  local prior = redis.call('GET', KEYS[4])
-  if prior then return {'dup', prior} end
-end
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', ARGV[1]} end
-local depth = tonumber(redis.call('GET', KEYS[3]) or '0')
-if depth + tonumber(ARGV[2]) > tonumber(ARGV[3]) then return {'full', tostring(depth)} end
-redis.call('HSET', KEYS[1], unpack(ARGV, 5))
-local eid = redis.call('XADD', KEYS[2], '*', 'job', ARGV[1])
-redis.call('HSET', KEYS[1], 'entry', cmsgpack.pack(eid))
-redis.call('INCRBY', KEYS[3], ARGV[2])
-if #KEYS == 4 then redis.call('SET', KEYS[4], ARGV[1], 'EX', ARGV[4]) end
-return {'ok', eid}
-"""
-
-# ARGV[1] = packed now_ms. Returns one HGETALL-style array per key ({} if missing).
-CLAIM_LUA = """
-local out = {}
-for i, key in ipairs(KEYS) do
-  local raw = redis.call('HGET', key, 'status')
-  if not raw then
-    out[i] = {}
-  else
-    if cmsgpack.unpack(raw) == 'queued' then
-      redis.call('HSET', key, 'status', cmsgpack.pack('running'), 'started_ms', ARGV[1])
-    end
-    out[i] = redis.call('HGETALL', key)
-  end
-end
-return out
-"""
-
-# KEYS: jobs about to run on the device. ARGV[i] = '1' if job i starts its first item in this
-# worker: counted in `attempts` (device starts). A job whose worker dies while it is on the
-# device comes back with one more attempt; one that merely waited in a dead worker's hands
-# does not, so only the job that kills workers is ever dead-lettered. Returns raw statuses.
-START_LUA = """
-local out = {}
-for i, key in ipairs(KEYS) do
-  local raw = redis.call('HGET', key, 'status')
-  out[i] = raw or ''
-  if raw and ARGV[i] == '1' and not FINAL[cmsgpack.unpack(raw)] then
-    local attempts = redis.call('HGET', key, 'attempts')
-    redis.call('HSET', key, 'attempts', cmsgpack.pack((attempts and cmsgpack.unpack(attempts) or 0) + 1))
-  end
-end
-return out
-"""
-
-# Final outcomes for a batch of jobs in one call (a script call costs Redis far more than
-# the writes inside it). KEYS: counter, dead-letter stream, job 1, job 2, ... ARGV: ttl_s,
-# only_if_queued (0|1), then per job: channel, dead (0|1), 2n, n field/value pairs.
-# Returns per job: 1 written, 0 already final, 2 not queued (only_if_queued), -1 no such job.
-FINISH_LUA = """
-local out, a = {}, 3
-for i = 3, #KEYS do
-  local key, channel, dead, n = KEYS[i], ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
-  local first, last = a + 3, a + 2 + n
-  a = last + 1
-  local raw = redis.call('HGET', key, 'status')
-  local status = raw and cmsgpack.unpack(raw)
-  if not raw then
-    out[#out + 1] = -1
-  elseif FINAL[status] then
-    out[#out + 1] = 0
-  elseif ARGV[2] == '1' and status ~= 'queued' then
-    out[#out + 1] = 2
-  else
-    redis.call('HSET', key, unpack(ARGV, first, last))
-    redis.call('EXPIRE', key, ARGV[1])
-    local items = redis.call('HGET', key, 'items')
-    if items then
-      if redis.call('DECRBY', KEYS[1], cmsgpack.unpack(items)) < 0 then redis.call('SET', KEYS[1], 0) end
-    end
-    if dead == '1' then
-      redis.call('XADD', KEYS[2], '*', 'job', cmsgpack.unpack(redis.call('HGET', key, 'id')))
-    end
-    redis.call('PUBLISH', channel, 'final')
-    out[#out + 1] = 1
-  end
-end
-return out
-"""
-
-# KEYS: job, stream. ARGV: group, old entry id, job id.
-# Re-queues a not-final, never-started job at the tail; acks the old entry.
-HAND_BACK_LUA = """
-local raw = redis.call('HGET', KEYS[1], 'status')
-if raw and not FINAL[cmsgpack.unpack(raw)] then
-  local eid = redis.call('XADD', KEYS[2], '*', 'job', ARGV[3])
-  redis.call('HSET', KEYS[1], 'status', cmsgpack.pack('queued'), 'entry', cmsgpack.pack(eid))
-  redis.call('HDEL', KEYS[1], 'started_ms')
-end
-redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
-redis.call('XDEL', KEYS[2], ARGV[2])
-return raw and 1 or 0
-"""
-
-
-def _with_final(body: str) -> str:
-    return f"local FINAL = {_FINAL_LUA}\n{body}"
+_ENTRY_JOB = ENTRY_JOB.encode()
 
 
 @dataclass(slots=True)
@@ -167,19 +57,25 @@ def _s(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _entry_ms(entry_id: bytes | str) -> int:
+    """Milliseconds part of a stream entry id `<ms>-<seq>`."""
+    return int(_s(entry_id).split("-", 1)[0])
+
+
 class JobQueue:
     """Thin async wrapper over one Redis client; both the API and the worker use it."""
 
     def __init__(self, redis: Redis, *, result_ttl_s: int) -> None:
         self.redis = redis
         self.result_ttl_s = result_ttl_s
-        self._submit = redis.register_script(SUBMIT_LUA)
-        self._claim = redis.register_script(_with_final(CLAIM_LUA))
-        self._finish = redis.register_script(_with_final(FINISH_LUA))
-        self._hand_back = redis.register_script(_with_final(HAND_BACK_LUA))
-        self._start = redis.register_script(_with_final(START_LUA))
+        self._submit = redis.register_script(scripts.source(scripts.SUBMIT))
+        self._claim = redis.register_script(scripts.source(scripts.CLAIM))
+        self._finish = redis.register_script(scripts.source(scripts.FINISH))
+        self._hand_back = redis.register_script(scripts.source(scripts.HAND_BACK))
+        self._start = redis.register_script(scripts.source(scripts.START))
 
     # --- API side ---
+    @unavailable
     async def submit(
         self,
         job: Job,
@@ -208,10 +104,12 @@ class JobQueue:
             return Submitted("duplicate", value)
         return Submitted("full", depth=int(value))
 
+    @unavailable
     async def get(self, job_id: str) -> Job | None:
         raw = await self.redis.hgetall(keys.job(job_id))
         return decode_job(raw) if raw else None
 
+    @unavailable
     async def cancel(self, job: Job, fields: dict[str, bytes], *, only_if_queued: bool) -> int:
         """Finalise a job from outside a worker (cancel/expire); same guard as `finish`."""
         final = Final(job.model, "", "", job.id, fields)
@@ -230,6 +128,7 @@ class JobQueue:
                 argv += [k, v]
         return script_keys, argv
 
+    @unavailable
     async def queue_depth(self, model: str) -> int:
         """Jobs waiting or running: acked entries are deleted, so stream lengths are it."""
         async with self.redis.pipeline(transaction=False) as p:
@@ -237,9 +136,11 @@ class JobQueue:
                 p.xlen(s)
             return sum(int(n) for n in await p.execute())
 
+    @unavailable
     async def queued_items(self, model: str) -> int:
         return int(await self.redis.get(keys.queued_items(model)) or 0)
 
+    @unavailable
     async def position(self, job: Job, limit: int = 1000) -> int:
         """Entries ahead of `job`: all of higher lanes plus the older ones of its own (capped)."""
         ahead = 0
@@ -253,22 +154,32 @@ class JobQueue:
             ahead += len(r) if isinstance(r, list) else int(r)
         return ahead
 
-    async def live_workers(self, model: str, now_ms: int) -> list[str]:
-        ids = await self.redis.zrangebyscore(keys.workers(model), now_ms, "+inf")
-        return [_s(i) for i in ids]
+    @unavailable
+    async def ping(self) -> float:
+        """Round trip to Redis, in ms."""
+        started = time.perf_counter()
+        await self.redis.ping()
+        return round((time.perf_counter() - started) * 1000, 3)
 
-    async def throughput(self, model: str, now_ms: int) -> float:
-        """Items/s over the last few seconds, summed over the model's live workers."""
-        ids = await self.live_workers(model, now_ms)
-        if not ids:
-            return 0.0
+    @unavailable
+    async def lanes(self, models: Sequence[str]) -> dict[str, tuple[int, int | None]]:
+        """Per model, over all lanes: (entries, ms timestamp of the oldest entry or None)."""
+        n = len(keys.LANES)
         async with self.redis.pipeline(transaction=False) as p:
-            for i in ids:
-                p.hget(keys.worker(i), "items_per_s")
-            values = await p.execute()
-        return sum(float(v) for v in values if v)
+            for m in models:
+                for s in keys.streams(m):
+                    p.xlen(s)
+                    p.xrange(s, "-", "+", count=1)
+            replies = await p.execute()
+        out: dict[str, tuple[int, int | None]] = {}
+        for i, m in enumerate(models):
+            mine = replies[2 * n * i : 2 * n * (i + 1)]
+            firsts = [_entry_ms(first[0][0]) for first in mine[1::2] if first]
+            out[m] = (sum(int(d) for d in mine[::2]), min(firsts) if firsts else None)
+        return out
 
     # --- worker side ---
+    @unavailable
     async def ensure_group(self, model: str) -> None:
         """Create streams and group if missing; BUSYGROUP means another worker did."""
         for s in keys.streams(model):
@@ -278,6 +189,7 @@ class JobQueue:
                 if "BUSYGROUP" not in str(e):
                     raise
 
+    @unavailable
     async def read(
         self,
         model: str,
@@ -289,10 +201,20 @@ class JobQueue:
         lanes: Sequence[str] = keys.LANES,
     ) -> list[Entry]:
         """XREADGROUP over `lanes` in order: new entries ('>'), or our own unacked ('0')."""
-        streams = {keys.stream(model, lane): "0" if pending else ">" for lane in lanes}
-        reply = await self.redis.xreadgroup(
-            keys.GROUP, consumer, streams, count=count, block=None if pending else block_ms
-        )
+        streams: dict[bytes | str | memoryview, int | bytes | str | memoryview] = {
+            keys.stream(model, lane): "0" if pending else ">" for lane in lanes
+        }
+        try:
+            reply = await self.redis.xreadgroup(
+                keys.GROUP, consumer, streams, count=count, block=None if pending else block_ms
+            )
+        except ResponseError as e:
+            if "NOGROUP" not in str(e):
+                raise
+            # The stream or group vanished (flushed, evicted): recreate it. Nothing was read,
+            # and the caller's next read blocks again, so this never becomes a hot loop.
+            await self.ensure_group(model)
+            return []
         return self._entries(reply)
 
     @staticmethod
@@ -302,11 +224,12 @@ class JobQueue:
             reply = [(k, v[0] if v and isinstance(v[0], list) else v) for k, v in reply.items()]
         for stream, items in reply or []:  # type: ignore[attr-defined]
             for entry_id, fields in items:
-                job_id = (fields or {}).get(b"job")
+                job_id = (fields or {}).get(_ENTRY_JOB)
                 # A deleted entry still in the PEL reads back with no fields.
                 entries.append(Entry(_s(stream), _s(entry_id), job_id.decode() if job_id else ""))
         return entries
 
+    @unavailable
     async def claim(self, job_ids: Sequence[str], now_ms: int) -> list[Job | None]:
         """Mark queued jobs running and read them; None for a job whose record is gone."""
         if not job_ids:
@@ -320,6 +243,7 @@ class JobQueue:
             out.append(decode_job(dict(zip(flat[::2], flat[1::2], strict=True))))
         return out
 
+    @unavailable
     async def start(self, job_ids: Sequence[str], first: Sequence[bool]) -> list[bytes]:
         """Before a batch runs: count first device starts; return each job's raw status."""
         if not job_ids:
@@ -328,6 +252,7 @@ class JobQueue:
             keys=[keys.job(j) for j in job_ids], args=["1" if f else "0" for f in first]
         )
 
+    @unavailable
     async def take_over(
         self,
         model: str,
@@ -365,6 +290,7 @@ class JobQueue:
                     break
         return taken
 
+    @unavailable
     async def consumers(self, model: str) -> dict[str, int]:
         """Consumer name → pending count, over all lanes."""
         out: dict[str, int] = {}
@@ -377,6 +303,7 @@ class JobQueue:
                 continue
         return out
 
+    @unavailable
     async def ack(self, entries: Sequence[Entry]) -> None:
         if entries:
             async with self.redis.pipeline(transaction=False) as p:
@@ -385,6 +312,7 @@ class JobQueue:
                     p.xdel(e.stream, e.entry_id)
                 await p.execute()
 
+    @unavailable
     async def hand_back(self, entries: Sequence[Entry]) -> None:
         async with self.redis.pipeline(transaction=False) as p:
             for e in entries:
@@ -395,6 +323,7 @@ class JobQueue:
                 )
             await p.execute()
 
+    @unavailable
     async def finish(self, finals: Sequence[Final]) -> list[int]:
         """Write every final outcome, then ack their entries: one atomic round trip in all
         (MULTI/EXEC, so a dead-letter entry, the final state and the ack land together),

@@ -1,4 +1,5 @@
-"""Redis clients with the timeouts and retry policy each side needs.
+"""Redis clients with the timeouts and retry policy each side needs, and the one place
+where Redis failures become `QueueUnavailable`.
 
 The API must answer 503 quickly when Redis is gone (short socket timeouts, one retry);
 a worker's blocking XREADGROUP needs a socket timeout longer than its BLOCK, or the
@@ -8,15 +9,55 @@ TLS (`rediss://`) verifies certificates and host names explicitly.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import (
+    MasterDownError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    TryAgainError,
+)
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from inferq.shared.errors import QueueUnavailable
+
+#: What "Redis cannot serve us right now" looks like, in redis-py's types and the OS's:
+#: unreachable or slow, still loading its AOF (BusyLoadingError is a ConnectionError), a
+#: replica that refuses writes (READONLY, during a failover), a full Redis under noeviction
+#: (OOM), a master marked down or a slot being moved (TRYAGAIN). Retrying later can succeed.
+REDIS_DOWN: tuple[type[BaseException], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ReadOnlyError,
+    OutOfMemoryError,
+    MasterDownError,
+    TryAgainError,
+    OSError,
+)
 RETRY_ON = (RedisConnectionError, RedisTimeoutError, ConnectionResetError, OSError)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def unavailable(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """Wrap a broker call so every `REDIS_DOWN` failure leaves it as `QueueUnavailable`
+    (cause attached): callers above the broker handle one error type, not redis-py's."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await fn(*args, **kwargs)
+        except REDIS_DOWN as e:
+            raise QueueUnavailable(f"redis unavailable: {type(e).__name__}: {e}") from e
+
+    return wrapper
 
 
 def _tls_kwargs(url: str) -> dict[str, Any]:

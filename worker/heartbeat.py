@@ -16,8 +16,8 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
-from inferq.shared import keys
 from inferq.shared.jobs import now_ms
+from inferq.shared.registry import WorkerBeat
 from inferq.worker.memory import SnapshotState, device_memory
 
 if TYPE_CHECKING:
@@ -78,42 +78,30 @@ class Heartbeat:
                 log.debug("heartbeat skipped: %s", e)
             await asyncio.sleep(self.w.settings.heartbeat_s)
 
-    def record(self) -> dict[str, str]:
+    def record(self) -> WorkerBeat:
         w, s = self.w, self.w.stats
         alloc, reserved, total = self.memory
-        rec = {
-            "id": w.consumer, "host": socket.gethostname(), "pid": os.getpid(),
-            "model": w.model_name, "backend": self.backend, "device": w.device,
-            "token_ceiling": w.ceiling.value, "items_per_s": round(s.items_per_s(), 2),
-            "last_batch_size": s.last_batch_size, "last_batch_tokens": s.last_batch_tokens,
-            "last_batch_at_ms": s.last_batch_at_ms, "batches": s.batches, "ooms": s.ooms,
-            "held_items": w.held_items(), "beat_ms": now_ms(),
-            "mem_allocated": alloc, "mem_reserved": reserved, "mem_total": total,
-            "calibration": self.calibration, "ceiling_reason": w.ceiling_reason,
-        }  # fmt: skip
-        return {k: str(v) for k, v in rec.items()}
+        return WorkerBeat(
+            id=w.consumer, host=socket.gethostname(), pid=os.getpid(), model=w.model_name,
+            backend=self.backend, device=w.device, token_ceiling=w.ceiling.value,
+            items_per_s=round(s.items_per_s(), 2), last_batch_size=s.last_batch_size,
+            last_batch_tokens=s.last_batch_tokens, last_batch_at_ms=s.last_batch_at_ms,
+            batches=s.batches, ooms=s.ooms, held_items=w.held_items(), beat_ms=now_ms(),
+            mem_allocated=alloc, mem_reserved=reserved, mem_total=total,
+            calibration=self.calibration, ceiling_reason=w.ceiling_reason,
+        )  # fmt: skip
 
     async def beat(self) -> None:
         w = self.w
         ttl_ms = int(w.settings.heartbeat_ttl_s * 1000)
-        now = now_ms()
         if not w.batch_starts:
             self.memory = _device_memory(w.device)
         oldest = min(w.batch_starts.values(), default=None)
         stuck = oldest is not None and time.monotonic() - oldest > w.settings.visibility_timeout_s
-        async with w.redis.pipeline(transaction=False) as p:
-            p.hset(keys.worker(w.consumer), mapping=self.record())
-            p.pexpire(keys.worker(w.consumer), ttl_ms)
-            p.zadd(keys.workers(w.model_name), {w.consumer: now + ttl_ms})
-            p.zremrangebyscore(keys.workers(w.model_name), "-inf", now)
-            held: dict[str, list[str]] = {}
-            for st in list(w.jobs.values()) + list(w.solo):
-                held.setdefault(st.entry.stream, []).append(st.entry.entry_id)
-            if not stuck:
-                # JUSTID resets idle time without bumping the delivery count.
-                for stream, ids in held.items():
-                    p.xclaim(stream, keys.GROUP, w.consumer, 0, ids, justid=True)
-            await p.execute()
+        held: dict[str, list[str]] = {}
+        for st in list(w.jobs.values()) + list(w.solo):
+            held.setdefault(st.entry.stream, []).append(st.entry.entry_id)
+        await w.registry.beat(self.record(), ttl_ms, None if stuck else held)
         if stuck:
             log.error(
                 "batch running for over %.0fs: no longer refreshing held entries",
@@ -121,7 +109,4 @@ class Heartbeat:
             )
 
     async def unregister(self) -> None:
-        async with self.w.redis.pipeline(transaction=False) as p:
-            p.delete(keys.worker(self.w.consumer))
-            p.zrem(keys.workers(self.w.model_name), self.w.consumer)
-            await p.execute()
+        await self.w.registry.unregister(self.w.consumer, self.w.model_name)

@@ -28,14 +28,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from inferq.shared import keys
+from inferq.shared.errors import QueueUnavailable
 from inferq.shared.jobs import Job, JobError, Status, encode_final, now_ms, pack_field
 from inferq.shared.metrics import WorkerMetrics
 from inferq.shared.queue import Entry, Final, JobQueue
+from inferq.shared.registry import WorkerRegistry
 from inferq.shared.settings import Settings
 from inferq.worker.batcher import Batch, Batcher, Item
 from inferq.worker.ceiling import LiveCeiling
@@ -47,7 +45,7 @@ from inferq.worker.streams import limits, smooth
 
 log = logging.getLogger("inferq.worker")
 
-REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+REDIS_DOWN = (QueueUnavailable,)
 T = TypeVar("T")
 _NOT_FINAL = {pack_field(str(s)) for s in Status if not s.is_final}
 
@@ -99,6 +97,7 @@ class Worker:
         self.device = device
         self.queue = JobQueue(redis, result_ttl_s=settings.result_ttl_s)
         self.redis = redis
+        self.registry = WorkerRegistry(redis)
         self.consumer = settings.consumer_name(device, model_name)
         max_cost = getattr(model, "max_cost", None) or 1
         top = ceiling or settings.max_batch_tokens
@@ -241,14 +240,6 @@ class Worker:
                 pending = True
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-            except ResponseError as e:
-                if "NOGROUP" not in str(e):
-                    raise
-                log.warning("stream or group vanished; recreating")
-                await asyncio.sleep(delay)  # NOGROUP answers instantly: never hot-loop on it
-                delay = min(delay * 2, 5.0)
-                with contextlib.suppress(*REDIS_DOWN):
-                    await self.queue.ensure_group(self.model_name)
 
     async def _read(self, room: int, pending: bool, read_no: int) -> list[Entry]:
         count = min(room, self.settings.max_batch_size)
@@ -280,10 +271,7 @@ class Worker:
         others = [c for c, n in pending.items() if n and c != self.consumer]
         dead: list[str] = []
         if others:
-            async with self.redis.pipeline(transaction=False) as p:
-                for c in others:
-                    p.exists(keys.worker(c))
-                alive = await p.execute()
+            alive = await self.registry.alive(others)
             dead = [c for c, a in zip(others, alive, strict=True) if not a]
         # A dead worker's entries stopped being refreshed when it died; requiring half a
         # heartbeat TTL of idleness keeps two live workers from both claiming them.

@@ -14,6 +14,7 @@ from inferq.api.service import JobService
 from inferq.shared import keys
 from inferq.shared.jobs import Job, Status, encode_final, encode_submit
 from inferq.shared.queue import JobQueue
+from inferq.shared.registry import WorkerRegistry
 from inferq.shared.settings import Settings
 
 
@@ -62,7 +63,9 @@ async def test_wait_after_submit_skips_the_first_read(
     parts: tuple[Notifier, fakeredis.FakeAsyncRedis],
 ) -> None:
     n, r = parts
-    service = JobService(Settings(_env_file=None), JobQueue(r, result_ttl_s=60), n)
+    service = JobService(
+        Settings(_env_file=None), JobQueue(r, result_ttl_s=60), WorkerRegistry(r), n
+    )
     reads: list[str] = []
     real_get = service.get
 

@@ -11,9 +11,9 @@ from fastapi.testclient import TestClient
 
 from inferq.api import app as app_module
 from inferq.api import observability, status
-from inferq.api.observability import decode_heartbeat
 from inferq.shared import keys
 from inferq.shared.jobs import now_ms
+from inferq.shared.registry import decode_beat as decode_heartbeat
 from inferq.shared.settings import Settings
 
 Client = tuple[TestClient, fakeredis.FakeAsyncRedis, fakeredis.FakeServer]

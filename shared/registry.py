@@ -1,0 +1,174 @@
+"""The worker registry: heartbeats, live workers, and the refresh of held stream entries.
+
+A worker writes its `WorkerBeat` every `heartbeat_s` to `keys.worker(id)` (a hash of
+strings, TTL `heartbeat_ttl_s`) and scores itself in `keys.workers(model)` (a zset scored by
+expiry ms). The API reads both for readiness, /v1/health, /v1/models and admission
+(throughput); another worker reads the hash's existence to tell a dead consumer from a live
+one. The beat also keeps the worker's held entries fresh (XCLAIM JUSTID resets their idle
+time without counting a delivery), so no live worker's jobs are taken over.
+
+`WorkerBeat` is the heartbeat's schema, written and read only here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+
+from inferq.shared import keys
+from inferq.shared.redis_conn import unavailable
+
+
+@dataclass(slots=True)
+class WorkerBeat:
+    """One worker's heartbeat record (every field is stored as a string)."""
+
+    id: str
+    host: str
+    pid: int
+    model: str
+    backend: str
+    device: str
+    token_ceiling: int
+    items_per_s: float
+    last_batch_size: int
+    last_batch_tokens: int
+    last_batch_at_ms: int
+    batches: int
+    ooms: int
+    held_items: int
+    beat_ms: int
+    mem_allocated: int
+    mem_reserved: int
+    mem_total: int
+    calibration: str = ""  # the calibration file's JSON, or ""
+    ceiling_reason: str = ""
+
+    def to_hash(self) -> dict[str, str]:
+        return {f.name: str(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+_TYPES: dict[str, str] = {f.name: str(f.type) for f in dataclasses.fields(WorkerBeat)}
+_RANK = {name: i for i, name in enumerate(_TYPES)}
+
+
+def _text(v: bytes | str) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else v
+
+
+def _number(v: str, kind: str) -> int | float | str | None:
+    if v == "" or v.lower() == "none":
+        return None
+    try:
+        return int(float(v)) if kind == "int" else float(v)
+    except ValueError:
+        return v  # keep what the worker wrote rather than lose it
+
+
+def decode_beat(raw: Mapping[bytes | str, bytes | str]) -> dict[str, Any]:
+    """A heartbeat hash as JSON-ready values, in `WorkerBeat` field order (others after,
+    sorted). Tolerant by design: missing fields are absent, unparsable numbers stay strings,
+    a calibration that is not JSON is returned as its string."""
+    out: dict[str, Any] = {}
+    fields = sorted(
+        ((_text(k), _text(v)) for k, v in raw.items()),
+        key=lambda kv: (_RANK.get(kv[0], len(_RANK)), kv[0]),
+    )
+    for key, val in fields:
+        kind = _TYPES.get(key)
+        if kind in ("int", "float"):
+            out[key] = _number(val, kind)
+        elif key == "calibration":
+            try:
+                out[key] = orjson.loads(val) if val else None
+            except orjson.JSONDecodeError:
+                out[key] = val
+        else:
+            out[key] = val
+    return out
+
+
+class WorkerRegistry:
+    """Heartbeat reads and writes over one Redis client (both sides use it)."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+
+    @unavailable
+    async def beat(
+        self, beat: WorkerBeat, ttl_ms: int, refresh: Mapping[str, Sequence[str]] | None = None
+    ) -> None:
+        """Write the beat and score; refresh `refresh` (stream → entry ids) held by it."""
+        async with self.redis.pipeline(transaction=False) as p:
+            p.hset(keys.worker(beat.id), mapping=beat.to_hash())  # type: ignore[arg-type]
+            p.pexpire(keys.worker(beat.id), ttl_ms)
+            p.zadd(keys.workers(beat.model), {beat.id: beat.beat_ms + ttl_ms})
+            p.zremrangebyscore(keys.workers(beat.model), "-inf", beat.beat_ms)
+            for stream, ids in (refresh or {}).items():
+                if ids:
+                    p.xclaim(stream, keys.GROUP, beat.id, 0, list(ids), justid=True)
+            await p.execute()
+
+    @unavailable
+    async def unregister(self, worker_id: str, model: str) -> None:
+        async with self.redis.pipeline(transaction=False) as p:
+            p.delete(keys.worker(worker_id))
+            p.zrem(keys.workers(model), worker_id)
+            await p.execute()
+
+    @unavailable
+    async def live(self, model: str, now_ms: int) -> list[str]:
+        """Worker ids of `model` whose beat has not expired."""
+        ids = await self.redis.zrangebyscore(keys.workers(model), now_ms, "+inf")
+        return [_text(i) for i in ids]
+
+    @unavailable
+    async def alive(self, worker_ids: Sequence[str]) -> list[bool]:
+        """Whether each worker's heartbeat record still exists (it expires with its TTL)."""
+        if not worker_ids:
+            return []
+        async with self.redis.pipeline(transaction=False) as p:
+            for wid in worker_ids:
+                p.exists(keys.worker(wid))
+            return [bool(a) for a in await p.execute()]
+
+    @unavailable
+    async def throughput(self, model: str, now_ms: int) -> float:
+        """Items/s over the last few seconds, summed over the model's live workers."""
+        ids = await self.live(model, now_ms)
+        if not ids:
+            return 0.0
+        async with self.redis.pipeline(transaction=False) as p:
+            for i in ids:
+                p.hget(keys.worker(i), "items_per_s")
+            values = await p.execute()
+        return sum(float(v) for v in values if v)
+
+    @unavailable
+    async def beats(self, models: Sequence[str], now_ms: int) -> dict[str, list[dict[str, Any]]]:
+        """Live workers per model, each as `decode_beat` gives it plus `beat_age_ms`."""
+        async with self.redis.pipeline(transaction=False) as p:
+            for m in models:
+                p.zrangebyscore(keys.workers(m), now_ms, "+inf")
+            ids_per_model = [[_text(i) for i in ids] for ids in await p.execute()]
+        flat = [wid for ids in ids_per_model for wid in ids]
+        raws: list[Any] = []
+        if flat:
+            async with self.redis.pipeline(transaction=False) as p:
+                for wid in flat:
+                    p.hgetall(keys.worker(wid))
+                raws = await p.execute()
+        by_id = {wid: decode_beat(b or {}) for wid, b in zip(flat, raws, strict=True)}
+        out: dict[str, list[dict[str, Any]]] = {}
+        for m, ids in zip(models, ids_per_model, strict=True):
+            # A member whose hash just expired still counts (its zset score says live).
+            out[m] = [by_id[wid] | {"id": by_id[wid].get("id", wid)} for wid in sorted(ids)]
+            for w in out[m]:
+                beat = w.get("beat_ms")
+                w["beat_age_ms"] = now_ms - beat if isinstance(beat, int) else None
+        return out

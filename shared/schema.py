@@ -1,0 +1,66 @@
+"""The names both sides and the Lua scripts agree on: statuses, job fields, error codes.
+
+Defined once here; `inferq.shared.scripts` injects them into every Lua script, the codec
+(`inferq.shared.jobs`) writes and reads them, and the API shows them. Renaming one is a
+schema change: bump `SCHEMA_VERSION`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+SCHEMA_VERSION = 1
+#: The one field of a job stream entry: the job id (the record lives in `keys.job(id)`).
+ENTRY_JOB = "job"
+
+
+class Status(StrEnum):
+    """A job's state; it only moves forward: queued → running → one final state."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL
+
+
+FINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.EXPIRED, Status.CANCELLED})
+
+
+class ErrorCode(StrEnum):
+    """`error.code` of a job that did not succeed."""
+
+    MODEL_ERROR = "model_error"  # the model raised on this job's input (alone, after splitting)
+    INVALID_INPUT = "invalid_input"  # the model could not decode or accept an input
+    TOO_LARGE = "too_large"  # one input does not fit in device memory even alone
+    EXPIRED = "expired"  # the deadline passed before it could run
+    CANCELLED = "cancelled"  # the client cancelled it (DELETE, or left /v1/infer)
+    POISONED = "poisoned"  # it was on the device at `max_deliveries` worker deaths
+
+
+class JobField(StrEnum):
+    """Fields of the job hash (`keys.job(id)`); each value is msgpack-encoded."""
+
+    VERSION = "v"
+    ID = "id"
+    MODEL = "model"
+    TENANT = "tenant"
+    PRIORITY = "priority"
+    STATUS = "status"
+    INPUTS = "inputs"
+    ITEMS = "items"  # number of inputs: what the job counts against the admission cap
+    CREATED_MS = "created_ms"
+    DEADLINE_MS = "deadline_ms"
+    ATTEMPTS = "attempts"  # device starts, counted on the broker
+    ENTRY = "entry"  # stream entry id of the current delivery
+    STARTED_MS = "started_ms"
+    FINISHED_MS = "finished_ms"
+    OUTPUTS = "outputs"
+    ERROR = "error"
+    BATCH_SIZE = "batch_size"
+    BATCH_TOKENS = "batch_tokens"

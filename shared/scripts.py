@@ -1,0 +1,141 @@
+"""The queue's Lua scripts. Each is atomic, so each is safe to retry.
+
+Every script starts with the same prelude, built from `inferq.shared.schema`: `F` maps job
+fields to their hash field names, `S` statuses to their strings, `FINAL` is the set of final
+statuses, `ENTRY_JOB` the stream entry's one field. Field values are msgpack (`cmsgpack` in Lua). The scripts are built only from
+these constants, never from request data (reliability guide #22).
+
+- `SUBMIT`: admission cap + idempotency key + record + stream entry, all or nothing; a no-op
+  if the job id (or the idempotency key) already exists.
+- `CLAIM`: mark jobs running (only from queued) and read them, in one trip.
+- `START`: right before a batch, count each job's first device start (`attempts`), so a crash
+  that never returns still counts; returns the live statuses.
+- `FINISH`: write the final fields, set the TTL, release the admission count, publish (and
+  dead-letter a poisoned job), unless the job is already final: a duplicate delivery after a
+  crash can never clobber a result, and a job is published once.
+- `HAND_BACK`: a stopping worker re-queues a job it never started, at once.
+"""
+
+from __future__ import annotations
+
+from inferq.shared.schema import ENTRY_JOB, FINAL, JobField, Status
+
+
+def _table(pairs: dict[str, str]) -> str:
+    return "{" + ", ".join(f"{k}='{v}'" for k, v in sorted(pairs.items())) + "}"
+
+
+PRELUDE = "\n".join(
+    [
+        f"local F = {_table({f.name.lower(): f.value for f in JobField})}",
+        f"local S = {_table({s.name.lower(): s.value for s in Status})}",
+        "local FINAL = {" + ", ".join(f"['{s}']=true" for s in sorted(FINAL)) + "}",
+        f"local ENTRY_JOB = '{ENTRY_JOB}'",
+    ]
+)
+
+# KEYS: job, stream, counter[, idempotency]. ARGV: id, items, max_queue, idem_ttl_s, fields...
+# Returns {status, value}: ok → entry id; dup → existing job id; full → current depth.
+SUBMIT = """
+if #KEYS == 4 then
+  local prior = redis.call('GET', KEYS[4])
+  if prior then return {'dup', prior} end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', ARGV[1]} end
+local depth = tonumber(redis.call('GET', KEYS[3]) or '0')
+if depth + tonumber(ARGV[2]) > tonumber(ARGV[3]) then return {'full', tostring(depth)} end
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+local eid = redis.call('XADD', KEYS[2], '*', ENTRY_JOB, ARGV[1])
+redis.call('HSET', KEYS[1], F.entry, cmsgpack.pack(eid))
+redis.call('INCRBY', KEYS[3], ARGV[2])
+if #KEYS == 4 then redis.call('SET', KEYS[4], ARGV[1], 'EX', ARGV[4]) end
+return {'ok', eid}
+"""
+
+# KEYS: jobs. ARGV[1] = packed now_ms. Returns one HGETALL-style array per key ({} if missing).
+CLAIM = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local raw = redis.call('HGET', key, F.status)
+  if not raw then
+    out[i] = {}
+  else
+    if cmsgpack.unpack(raw) == S.queued then
+      redis.call('HSET', key, F.status, cmsgpack.pack(S.running), F.started_ms, ARGV[1])
+    end
+    out[i] = redis.call('HGETALL', key)
+  end
+end
+return out
+"""
+
+# KEYS: jobs about to run on the device. ARGV[i] = '1' if job i starts its first item in this
+# worker: counted in `attempts` (device starts). A job whose worker dies while it is on the
+# device comes back with one more attempt; one that merely waited in a dead worker's hands
+# does not, so only the job that kills workers is ever dead-lettered. Returns raw statuses.
+START = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local raw = redis.call('HGET', key, F.status)
+  out[i] = raw or ''
+  if raw and ARGV[i] == '1' and not FINAL[cmsgpack.unpack(raw)] then
+    local attempts = redis.call('HGET', key, F.attempts)
+    redis.call('HSET', key, F.attempts, cmsgpack.pack((attempts and cmsgpack.unpack(attempts) or 0) + 1))
+  end
+end
+return out
+"""
+
+# Final outcomes for a batch of jobs in one call (a script call costs Redis far more than
+# the writes inside it). KEYS: counter, dead-letter stream, job 1, job 2, ... ARGV: ttl_s,
+# only_if_queued (0|1), then per job: channel, dead (0|1), 2n, n field/value pairs.
+# Returns per job: 1 written, 0 already final, 2 not queued (only_if_queued), -1 no such job.
+FINISH = """
+local out, a = {}, 3
+for i = 3, #KEYS do
+  local key, channel, dead, n = KEYS[i], ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
+  local first, last = a + 3, a + 2 + n
+  a = last + 1
+  local raw = redis.call('HGET', key, F.status)
+  local status = raw and cmsgpack.unpack(raw)
+  if not raw then
+    out[#out + 1] = -1
+  elseif FINAL[status] then
+    out[#out + 1] = 0
+  elseif ARGV[2] == '1' and status ~= S.queued then
+    out[#out + 1] = 2
+  else
+    redis.call('HSET', key, unpack(ARGV, first, last))
+    redis.call('EXPIRE', key, ARGV[1])
+    local items = redis.call('HGET', key, F.items)
+    if items then
+      if redis.call('DECRBY', KEYS[1], cmsgpack.unpack(items)) < 0 then redis.call('SET', KEYS[1], 0) end
+    end
+    if dead == '1' then
+      redis.call('XADD', KEYS[2], '*', ENTRY_JOB, cmsgpack.unpack(redis.call('HGET', key, F.id)))
+    end
+    redis.call('PUBLISH', channel, 'final')
+    out[#out + 1] = 1
+  end
+end
+return out
+"""
+
+# KEYS: job, stream. ARGV: group, old entry id, job id.
+# Re-queues a not-final, never-started job at the tail; acks the old entry.
+HAND_BACK = """
+local raw = redis.call('HGET', KEYS[1], F.status)
+if raw and not FINAL[cmsgpack.unpack(raw)] then
+  local eid = redis.call('XADD', KEYS[2], '*', ENTRY_JOB, ARGV[3])
+  redis.call('HSET', KEYS[1], F.status, cmsgpack.pack(S.queued), F.entry, cmsgpack.pack(eid))
+  redis.call('HDEL', KEYS[1], F.started_ms)
+end
+redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[2], ARGV[2])
+return raw and 1 or 0
+"""
+
+
+def source(body: str) -> str:
+    """A script as sent to Redis: the prelude, then the body."""
+    return f"{PRELUDE}\n{body}"
