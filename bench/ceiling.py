@@ -22,7 +22,7 @@ from typing import Any
 from inferq.bench import corpus, stats
 from inferq.bench.model import from_env
 from inferq.bench.procs import peak_rss_mb
-from inferq.worker.main import cpu_cores
+from inferq.worker.plan import cpu_cores
 
 BATCH_SIZES = (8, 16, 32)
 

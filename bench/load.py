@@ -118,7 +118,8 @@ async def closed_loop(
 
 def arrivals(rate_per_s: float, duration_s: float, seed: int = 7) -> list[float]:
     """Poisson arrival offsets (seconds) over `duration_s`, deterministic for a seed."""
-    rng, t, out = random.Random(seed), 0.0, []
+    rng, t = random.Random(seed), 0.0
+    out: list[float] = []
     while len(out) < MAX_REQUESTS:
         t += rng.expovariate(rate_per_s)
         if t >= duration_s:

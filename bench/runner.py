@@ -135,9 +135,11 @@ class Runner:
             for label, kind in kinds:
                 target = replace(run.target, kind=kind)
                 for n in self.plan.concurrency:
-                    self._measure(
-                        run, label, c, "closed", n, lambda t=target, n=n, c=c: self._closed(t, c, n)
-                    )
+
+                    def go(t: load.Target = target, n: int = n, c: str = c) -> load.LoadResult:
+                        return self._closed(t, c, n)
+
+                    self._measure(run, label, c, "closed", n, go)
             if name == "inferq":
                 self._open(run, c)
             peak = tree_peak_rss_mb(run.mem_pid)
@@ -207,7 +209,7 @@ def run_once(
         except (BenchError, ImportError, OSError) as e:
             warn(f"skipping {name}: {e}")
             continue
-        kinds = (
+        kinds: list[tuple[str, str]] = (
             [("inferq", "infer")] + ([("inferq-jobs", "jobs")] if "jobs" in plan.systems else [])
             if name == "inferq"
             else [(name, name)]

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# The worker's per-batch DEBUG line (worker/service.py `_run_items`).
+# The worker's per-batch DEBUG line (worker/telemetry.py `Telemetry.on_batch`).
 BATCH_LINE = re.compile(r"batch items=(\d+) tokens=(\d+)/\d+ run_ms=([\d.]+)")
 
 

@@ -269,12 +269,12 @@ class JobQueue:
         """
         taken: list[Entry] = []
         for s in keys.streams(model):
-            ids: list[str] = []
+            ids: list[bytes | str | int | memoryview] = []
             for name in dead:
                 pending = await self.redis.xpending_range(
                     s, keys.GROUP, "-", "+", 1000, consumername=name
                 )
-                ids += [_s(p["message_id"]) for p in pending]
+                ids += [p["message_id"] for p in pending]
             if ids:
                 claimed = await self.redis.xclaim(s, keys.GROUP, consumer, dead_idle_ms, ids)
                 taken += self._entries([(s, claimed)])
@@ -313,12 +313,16 @@ class JobQueue:
                 await p.execute()
 
     @unavailable
-    async def hand_back(self, entries: Sequence[Entry]) -> None:
+    async def hand_back(self, entries: Sequence[Entry], uncount: Sequence[bool] = ()) -> None:
+        """Re-queue not-final jobs at their lane's tail and ack the old entries. `uncount[i]`:
+        job i's device start was counted by this worker, which stops cleanly: take it back,
+        so a graceful stop never makes a healthy job look like one that kills workers."""
+        flags = list(uncount) or [False] * len(entries)
         async with self.redis.pipeline(transaction=False) as p:
-            for e in entries:
+            for e, flag in zip(entries, flags, strict=True):
                 await self._hand_back(
                     keys=[keys.job(e.job_id), e.stream],
-                    args=[keys.GROUP, e.entry_id, e.job_id],
+                    args=[keys.GROUP, e.entry_id, e.job_id, "1" if flag else "0"],
                     client=p,
                 )
             await p.execute()

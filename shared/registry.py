@@ -124,7 +124,7 @@ class WorkerRegistry:
     @unavailable
     async def live(self, model: str, now_ms: int) -> list[str]:
         """Worker ids of `model` whose beat has not expired."""
-        ids = await self.redis.zrangebyscore(keys.workers(model), now_ms, "+inf")
+        ids: list[bytes] = await self.redis.zrangebyscore(keys.workers(model), now_ms, "+inf")  # type: ignore[assignment]
         return [_text(i) for i in ids]
 
     @unavailable

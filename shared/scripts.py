@@ -13,7 +13,8 @@ these constants, never from request data (reliability guide #22).
 - `FINISH`: write the final fields, set the TTL, release the admission count, publish (and
   dead-letter a poisoned job), unless the job is already final: a duplicate delivery after a
   crash can never clobber a result, and a job is published once.
-- `HAND_BACK`: a stopping worker re-queues a job it never started, at once.
+- `HAND_BACK`: a stopping worker re-queues a job it holds, at once, taking back the device
+  start it counted (a clean stop is not a crash).
 """
 
 from __future__ import annotations
@@ -121,14 +122,20 @@ end
 return out
 """
 
-# KEYS: job, stream. ARGV: group, old entry id, job id.
-# Re-queues a not-final, never-started job at the tail; acks the old entry.
+# KEYS: job, stream. ARGV: group, old entry id, job id, uncount (0|1).
+# Re-queues a not-final job at the tail and acks the old entry; with uncount, takes back the
+# device start this (cleanly stopping) worker counted.
 HAND_BACK = """
 local raw = redis.call('HGET', KEYS[1], F.status)
 if raw and not FINAL[cmsgpack.unpack(raw)] then
   local eid = redis.call('XADD', KEYS[2], '*', ENTRY_JOB, ARGV[3])
   redis.call('HSET', KEYS[1], F.status, cmsgpack.pack(S.queued), F.entry, cmsgpack.pack(eid))
   redis.call('HDEL', KEYS[1], F.started_ms)
+  if ARGV[4] == '1' then
+    local attempts = redis.call('HGET', KEYS[1], F.attempts)
+    local n = attempts and cmsgpack.unpack(attempts) or 0
+    if n > 0 then redis.call('HSET', KEYS[1], F.attempts, cmsgpack.pack(n - 1)) end
+  end
 end
 redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[2], ARGV[2])

@@ -169,6 +169,13 @@ class Settings(BaseSettings):
         description="An entry idle this long is taken over from its (dead) worker. Live workers keep "
         "their entries fresh, so this only bounds how long a crash delays a job.",
     )
+    drain_s: float = Field(
+        30.0,
+        gt=0,
+        description="On SIGTERM a worker stops reading, finishes the batches on the device, hands "
+        "back everything else and posts its results within this; past it, it hands back what is "
+        "left and exits non-zero. Keep it below the orchestrator's grace period.",
+    )
     max_deliveries: int = Field(
         3, gt=0, description="Deliveries before a job is dead-lettered (poisoned)."
     )

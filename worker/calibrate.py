@@ -5,12 +5,8 @@ padded size (items × longest item) on the target device, record each one's peak
 and latency, fit `memory ≈ base + per_token × padded_tokens` by least squares, and write
 the result to `<data_dir>/calibration/<model>-<backend>-<device>.json`.
 
-The worker calls the pure half of this module (`resolve_ceiling`) at start:
-
-    token ceiling = margin × (budget − base) / per_token        (margin 0.9 by default)
-
-never below the model's `max_cost` (one longest item must always fit), and overridden by
-an explicitly set `INFERQ_MAX_BATCH_TOKENS`.
+The arithmetic and the file are `inferq.worker.calibration`; the worker reads the file at
+start (`calibration.resolve_ceiling`).
 
 How peak memory is measured, per device:
 - CUDA + torch: `reset_peak_memory_stats` then `max_memory_allocated` around each probe.
@@ -26,20 +22,28 @@ How peak memory is measured, per device:
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import math
-import os
-import re
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inferq.shared.settings import Settings
+from inferq.worker.calibration import (
+    DEFAULT_BUDGET,
+    DEFAULT_MARGIN,
+    Calibration,
+    Probe,
+    backend_key,
+    ceiling_for_budget,
+    fit_memory,
+    fmt_bytes,
+    latency_knee,
+    parse_budget,
+    save_calibration,
+)
 from inferq.worker.memory import (
     device_memory,
     nvml_used_bytes,
@@ -49,262 +53,6 @@ from inferq.worker.memory import (
 )
 
 log = logging.getLogger("inferq.worker")
-
-DEFAULT_MARGIN = 0.9
-#: The knee: the padded size past which tokens/s grows by less than this fraction.
-KNEE_GAIN = 0.05
-DEFAULT_BUDGET = "0.8"  # when neither --budget nor INFERQ_MEMORY_BUDGET is given
-FILE_VERSION = 1
-
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}  # fmt: skip
-_BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*|%)\s*$")
-
-
-# --- pure functions ---
-def parse_budget(text: str, device_total_bytes: int | None) -> int:
-    """Bytes from '6GiB', '512MiB', '1.5GB', '2000000000', or a fraction '0.8' / '80%'.
-
-    A bare number ≤ 1 is a fraction of `device_total_bytes`; a bare number > 1 must be
-    whole bytes. Raises ValueError naming the text otherwise.
-    """
-    m = _BUDGET.match(text)
-    if not m or m.group(2).lower() not in {*_UNITS, "%"}:
-        raise ValueError(
-            f"memory budget {text!r}: want bytes ('6GiB', '512MiB', '1.5GB', '2000000000') "
-            "or a fraction of the device ('0.8', '80%')"
-        )
-    number, unit = float(m.group(1)), m.group(2).lower()
-    fraction = number / 100 if unit == "%" else number if unit == "" and number <= 1 else None
-    if fraction is not None:
-        if not 0 < fraction <= 1:
-            raise ValueError(f"memory budget {text!r}: a fraction must be in (0, 1]")
-        if device_total_bytes is None:
-            raise ValueError(
-                f"memory budget {text!r} is a fraction but the device total is unknown"
-            )
-        return int(fraction * device_total_bytes)
-    if unit == "" and not number.is_integer():
-        raise ValueError(f"memory budget {text!r}: bytes must be whole, or give a unit ('1.5GB')")
-    value = int(number * _UNITS[unit])
-    if value <= 0:
-        raise ValueError(f"memory budget {text!r} must be positive")
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class Fit:
-    """memory ≈ base_bytes + per_token_bytes × padded_tokens, and how well that holds."""
-
-    base_bytes: float
-    per_token_bytes: float
-    r2: float
-    max_rel_err: float  # max |predicted − measured| / measured over the points
-    n: int
-
-    def predict(self, tokens: int) -> float:
-        return self.base_bytes + self.per_token_bytes * tokens
-
-
-def fit_memory(points: Sequence[tuple[int, int]]) -> Fit:
-    """Least-squares line through (padded_tokens, peak_bytes); needs two distinct sizes."""
-    xs = [float(t) for t, _ in points]
-    ys = [float(b) for _, b in points]
-    if len(set(xs)) < 2:
-        raise ValueError(f"need probes of at least two sizes to fit, got {sorted(set(xs))}")
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    base = my - slope * mx
-    residuals = [y - (base + slope * x) for x, y in zip(xs, ys, strict=True)]
-    ss_tot = sum((y - my) ** 2 for y in ys)
-    r2 = 1.0 - sum(r * r for r in residuals) / ss_tot if ss_tot else 1.0
-    rel = max(abs(r) / y for r, y in zip(residuals, ys, strict=True) if y > 0)
-    return Fit(base, slope, r2, rel, len(points))
-
-
-def ceiling_for_budget(
-    fit: Fit, budget_bytes: int, margin: float = DEFAULT_MARGIN, *, min_tokens: int = 1
-) -> int:
-    """Padded tokens that fit: margin × (budget − base) / per_token, at least `min_tokens`.
-
-    Raises ValueError when the fit has no positive slope (memory did not grow with the
-    batch, as for the echo model): such a fit bounds nothing.
-    """
-    if not fit.per_token_bytes > 0:
-        raise ValueError(
-            f"memory did not grow with batch size (per_token={fit.per_token_bytes:.1f} B): no bound"
-        )
-    raw = margin * (budget_bytes - fit.base_bytes) / fit.per_token_bytes
-    return max(min_tokens, math.floor(raw))
-
-
-def latency_knee(points: Sequence[tuple[int, float]], gain: float = KNEE_GAIN) -> int:
-    """The padded size past which throughput stops growing by more than `gain`.
-
-    `points` are (padded_tokens, latency_s). Throughput is tokens/s, which at a fixed
-    item length is items/s × length, so sizes of different lengths compare. The knee is
-    the smallest size whose best throughput so far is within `gain` of every larger size's.
-    """
-    if not points:
-        raise ValueError("no points")
-    best: dict[int, float] = {}
-    for tokens, latency_s in points:
-        best[tokens] = max(best.get(tokens, 0.0), tokens / max(latency_s, 1e-9))
-    sizes = sorted(best)
-    rates = [best[s] for s in sizes]
-    running = 0.0
-    for i, size in enumerate(sizes):
-        running = max(running, rates[i])
-        if all(r <= running * (1 + gain) for r in rates[i + 1 :]):
-            return size
-    return sizes[-1]  # unreachable: the last size always qualifies
-
-
-# --- the file ---
-@dataclass(slots=True)
-class Probe:
-    batch_size: int
-    length: int
-    padded_tokens: int
-    peak_bytes: int | None
-    latency_s: float
-    oom: bool = False
-
-    @property
-    def items_per_s(self) -> float:
-        return self.batch_size / self.latency_s if self.latency_s > 0 else 0.0
-
-
-@dataclass(slots=True)
-class Calibration:
-    model: str
-    backend: str
-    device: str
-    memory_source: str
-    fit: Fit
-    margin: float
-    budget_bytes: int | None
-    ceiling_tokens: int | None
-    knee_tokens: int
-    max_cost: int | None
-    device_total_bytes: int
-    load_peak_bytes: int | None
-    steady_bytes: int | None
-    probes: list[Probe] = field(default_factory=list)
-    created_at: str = ""
-    version: int = FILE_VERSION
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> Calibration:
-        raw = json.loads(text)
-        if raw.get("version") != FILE_VERSION:
-            raise ValueError(f"calibration file version {raw.get('version')!r} != {FILE_VERSION}")
-        raw["fit"] = Fit(**raw["fit"])
-        raw["probes"] = [Probe(**p) for p in raw["probes"]]
-        return cls(**raw)
-
-
-def _safe(part: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "_", part)
-
-
-def backend_key(settings: Any) -> str:
-    """What the calibration is keyed by besides model and device: the runtime and precision."""
-    if settings.backend == "onnx":
-        return "onnx" if settings.onnx_variant == "fp32" else f"onnx-{settings.onnx_variant}"
-    return "torch" if settings.dtype == "float32" else f"torch-{settings.dtype}"
-
-
-def calibration_path(data_dir: Path | str, model: str, backend: str, device: str) -> Path:
-    name = f"{_safe(model)}-{_safe(backend)}-{_safe(device)}.json"
-    return Path(data_dir) / "calibration" / name
-
-
-def save_calibration(data_dir: Path | str, cal: Calibration) -> Path:
-    path = calibration_path(data_dir, cal.model, cal.backend, cal.device)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(cal.to_json())
-    os.replace(tmp, path)
-    return path
-
-
-def load_calibration(
-    data_dir: Path | str, model: str, backend: str, device: str
-) -> Calibration | None:
-    """The stored calibration, or None if there is none (or it cannot be read: logged)."""
-    path = calibration_path(data_dir, model, backend, device)
-    try:
-        return Calibration.from_json(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, TypeError, KeyError) as e:
-        log.warning("ignoring unreadable calibration %s: %s", path, e)
-        return None
-
-
-def fmt_bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.{1 if unit == 'GiB' else 0}f} {unit}"
-    return f"{n:.0f} B"
-
-
-def resolve_ceiling(
-    settings: Any, model_name: str, device: str, max_cost: int | None, streams: int = 1
-) -> tuple[int, str]:
-    """The worker's token ceiling and why: explicit setting > calibration + budget > default.
-
-    `streams` batches share the budget when they run at once: each gets 1/streams of the
-    activation memory (safe for a convex fit: n * f(c/n) <= f(c)).
-    """
-    floor = max_cost or 1
-    raised = f"; raised to max_cost={floor} so one longest item fits"
-    if "max_batch_tokens" in settings.model_fields_set:
-        n = settings.max_batch_tokens
-        why = f"INFERQ_MAX_BATCH_TOKENS={n} set explicitly"
-        return (n, why) if n >= floor else (floor, why + raised)
-    default = type(settings).model_fields["max_batch_tokens"].default
-    backend = backend_key(settings)
-    cal = load_calibration(settings.data_dir, model_name, backend, device)
-
-    def fallback(why: str) -> tuple[int, str]:
-        reason = f"default {default}: {why}"
-        return (default, reason) if default >= floor else (floor, reason + raised)
-
-    if cal is None:
-        return fallback(
-            f"no calibration for {model_name}/{backend}/{device} (run `inferq calibrate`)"
-        )
-    path = calibration_path(settings.data_dir, model_name, backend, device)
-    if settings.memory_budget:
-        budget = parse_budget(settings.memory_budget, cal.device_total_bytes)
-        source = f"INFERQ_MEMORY_BUDGET={settings.memory_budget} = {fmt_bytes(budget)}"
-    elif cal.budget_bytes:
-        budget, source = cal.budget_bytes, f"calibrated budget {fmt_bytes(cal.budget_bytes)}"
-    else:
-        return fallback(f"calibration {path} has no budget; set INFERQ_MEMORY_BUDGET")
-    try:
-        ceiling = ceiling_for_budget(cal.fit, budget, cal.margin)
-    except ValueError as e:
-        return fallback(f"calibration {path}: {e}")
-    why = (
-        f"calibration {path}: {source} → {ceiling} tokens "
-        f"(margin {cal.margin:g}, fit err {cal.fit.max_rel_err:.0%}, knee {cal.knee_tokens})"
-    )
-    if streams > 1:
-        ceiling //= streams
-        why += f", ÷ {streams} batches at once → {ceiling}"
-    return (ceiling, why) if ceiling >= floor else (floor, why + raised)
-
 
 # --- probing ---
 _WORDS = [
@@ -447,29 +195,18 @@ _GRID = {  # (lengths, batch sizes): small enough for two minutes on a laptop CP
 _MAX_TOKENS = {"cpu": 8192, "cuda": 131_072}
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
+@dataclass(frozen=True, slots=True)
+class CalibrateOptions:
+    """What to probe; the model, backend and device come from the settings passed in."""
 
-
-def _parser(settings: Any) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="inferq calibrate", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=settings.model, help="model spec (default INFERQ_MODEL)")
-    p.add_argument("--backend", choices=["torch", "onnx"], default=settings.backend)
-    p.add_argument("--variant", choices=["fp32", "int8"], default=settings.onnx_variant)
-    p.add_argument("--device", default=settings.device, help="cpu, cuda, cuda:N, auto")
-    p.add_argument(
-        "--budget",
-        default=settings.memory_budget or DEFAULT_BUDGET,
-        help="'6GiB', '512MiB' or a fraction of the device (default INFERQ_MEMORY_BUDGET, else 0.8)",
-    )
-    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help="safety factor in (0, 1]")
-    p.add_argument("--lengths", type=_ints, default=None, help="item lengths, e.g. 16,64,256")
-    p.add_argument("--batch-sizes", type=_ints, default=None, help="e.g. 1,4,16,32")
-    p.add_argument("--max-tokens", type=int, default=None, help="largest padded probe")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per probe (median)")
-    p.add_argument("--time-limit-s", type=float, default=80.0, help="probing stops within this")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
+    budget: str = DEFAULT_BUDGET  # bytes ('6GiB') or a fraction of the device ('0.8')
+    margin: float = DEFAULT_MARGIN
+    lengths: Sequence[int] | None = None  # item costs to probe (default: the device's grid)
+    batch_sizes: Sequence[int] | None = None
+    max_tokens: int | None = None  # largest padded probe
+    repeats: int = 3  # timed runs per probe (median)
+    time_limit_s: float = 80.0  # probing stops within this
+    progress: bool = True
 
 
 def _progress(disabled: bool) -> Callable[[Sequence[Any]], Any]:
@@ -480,18 +217,16 @@ def _progress(disabled: bool) -> Callable[[Sequence[Any]], Any]:
     return lambda xs: tqdm(xs, desc="probing", unit="probe", disable=disabled)
 
 
-def calibrate(settings: Any, args: argparse.Namespace) -> tuple[Calibration, Path]:
-    """Load the model on the device, probe, fit, write the file; returns it and its path."""
-    from inferq.shared.settings import ModelSpec
-    from inferq.worker.main import resolve_device
+def calibrate(settings: Settings, args: CalibrateOptions) -> tuple[Calibration, Path]:
+    """Load `settings.model` on `settings.device`, probe, fit, write the file; returns the
+    calibration and its path. Raises ValueError for a malformed budget before loading."""
     from inferq.worker.models.registry import build_model
+    from inferq.worker.plan import resolve_device
 
-    device = resolve_device(args.device)
-    settings = settings.model_copy(
-        update={"backend": args.backend, "onnx_variant": args.variant, "device": device}
-    )
-    spec = ModelSpec(args.model)
-    spec = settings.served_models.get(spec.name, spec) if "=" not in args.model else spec
+    parse_budget(args.budget, 1)  # fail on a malformed budget before loading anything
+    device = resolve_device(settings.device)
+    settings = settings.model_copy(update={"device": device})
+    spec = settings.default_model
     backend = backend_key(settings)
     kind = "cuda" if device.startswith("cuda") else "cpu"
     meter = _Meter(device, backend)
@@ -509,7 +244,7 @@ def calibrate(settings: Any, args: argparse.Namespace) -> tuple[Calibration, Pat
     probes = run_probes(
         model, meter, lengths, args.batch_sizes or sizes,
         repeats=max(1, args.repeats), max_tokens=args.max_tokens or _MAX_TOKENS[kind],
-        time_limit_s=args.time_limit_s, progress=_progress(args.no_progress),
+        time_limit_s=args.time_limit_s, progress=_progress(not args.progress),
     )  # fmt: skip
     ok = [p for p in probes if not p.oom and p.peak_bytes is not None]
     fit = fit_memory([(p.padded_tokens, p.peak_bytes or 0) for p in ok])
@@ -556,22 +291,3 @@ def format_table(cal: Calibration) -> str:
         f"({cal.margin:g} × (budget − base) / per_token); latency knee {cal.knee_tokens} tokens",
     ]
     return "\n".join(lines)
-
-
-def main(settings: Any, argv: list[str]) -> int:
-    from inferq.shared.logs import setup_logging
-
-    setup_logging(settings.log_level, settings.log_format)
-    if argv[:1] == ["--"]:  # `inferq calibrate -- --model ...`: argparse.REMAINDER keeps it
-        argv = argv[1:]
-    args = _parser(settings).parse_args(argv)
-    try:
-        parse_budget(args.budget, 1)  # fail on a malformed budget before loading anything
-    except ValueError as e:
-        print(f"inferq calibrate: {e}")
-        return 2
-    t0 = time.monotonic()
-    cal, path = calibrate(settings, args)
-    print(format_table(cal))
-    print(f"written to {path} in {time.monotonic() - t0:.0f}s")
-    return 0

@@ -7,6 +7,7 @@ import importlib.util
 import logging
 import os
 import signal
+import sys
 import time
 
 from prometheus_client import start_http_server
@@ -15,60 +16,14 @@ from inferq.shared.logs import setup_logging
 from inferq.shared.metrics import worker_metrics
 from inferq.shared.redis_conn import worker_client
 from inferq.shared.settings import ModelSpec, Settings
-from inferq.worker.calibrate import backend_key, load_calibration
-from inferq.worker.calibrate import resolve_ceiling as from_calibration
+from inferq.worker.calibration import backend_key, load_calibration
+from inferq.worker.calibration import resolve_ceiling as from_calibration
 from inferq.worker.models.base import Model
 from inferq.worker.models.registry import build_model
-from inferq.worker.service import Worker
+from inferq.worker.plan import resolve_device, settle_plan, thread_plan
+from inferq.worker.runtime import Worker
 
 log = logging.getLogger("inferq.worker")
-
-
-def resolve_device(requested: str) -> str:
-    """'auto' → 'cuda' when torch sees a GPU, else 'cpu'; torch is only imported if present."""
-    if requested != "auto":
-        return requested
-    if importlib.util.find_spec("torch") is None:
-        return "cpu"
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-# Auto mode runs at most this many batches at once on a CPU; the rest of the cores go to each
-# batch's intra-op threads. Only measured on 2 cores: more streams on a big CPU is a guess.
-MAX_AUTO_STREAMS = 4
-
-
-def cpu_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def runs_without_gil(spec: ModelSpec, settings: Settings) -> bool:
-    """Built-in minilm on ONNX Runtime, or on torch traced: one call per batch, GIL released."""
-    return spec.target == "minilm" and (settings.backend == "onnx" or settings.torchscript)
-
-
-def thread_plan(settings: Settings, device: str, spec: ModelSpec) -> tuple[int, int]:
-    """(batches at once, threads per batch); 0 threads per batch = the runtime's default.
-
-    Auto on a CPU, for a model whose batch runs without the GIL: one batch per core, one
-    thread each. Measured on 2 cores (traced minilm, batch 16, short sentences): two batches
-    on one thread each did 288 items/s against 216 for one batch on two threads, and with
-    another process using 30 % / 60 % of a core, 240 / 220 against 156 / 116: a preempted
-    OpenMP thread stalls every op of a two-thread batch at its barrier, while two single-
-    thread batches lose only the preempted one's share. A GPU, or a model that may hold the
-    GIL, gets one batch at a time.
-    """
-    cores = cpu_cores()
-    streams = settings.model_threads
-    if not streams:
-        parallel = device == "cpu" and runs_without_gil(spec, settings)
-        streams = min(cores, MAX_AUTO_STREAMS) if parallel else 1
-    intra = settings.intra_op_threads
-    if not intra and device == "cpu" and streams > 1:
-        intra = max(1, cores // streams)
-    return streams, intra
 
 
 def load_model(
@@ -97,19 +52,6 @@ def load_model(
     return model
 
 
-def settle_plan(model: Model, settings: Settings, plan: tuple[int, int]) -> tuple[int, int]:
-    """The auto plan assumed a GIL-free model; if the trace fell back to eager, run one batch
-    at a time on every core instead (eager batches side by side fight over the GIL)."""
-    streams = plan[0]
-    if settings.model_threads or streams == 1 or getattr(model, "traced", True):
-        return plan
-    import torch
-
-    torch.set_num_threads(cpu_cores())
-    log.warning("the model runs eager (not traced): one batch at a time instead of %d", streams)
-    return 1, 0
-
-
 def resolve_ceiling(
     settings: Settings, model: Model, model_name: str, device: str, streams: int = 1
 ) -> tuple[int, str, str]:
@@ -127,7 +69,8 @@ async def serve(
     device: str,
     backend: str,
     model_threads: int = 1,
-) -> None:
+) -> bool:
+    """Run the worker until SIGTERM/SIGINT; True if it drained within INFERQ_DRAIN_S."""
     redis = worker_client(settings.redis_url.get_secret_value(), block_ms=settings.read_block_ms)
     ceiling, reason, calibration = resolve_ceiling(
         settings, model, model_name, device, model_threads
@@ -140,14 +83,13 @@ async def serve(
         log.info("worker metrics on :%d/metrics", settings.worker_metrics_port)
     worker = Worker(
         settings, model, model_name, redis, device=device, ceiling=ceiling, ceiling_reason=reason,
-        metrics=metrics, backend=backend, model_threads=model_threads,
+        metrics=metrics, backend=backend, model_threads=model_threads, calibration=calibration,
     )  # fmt: skip
-    worker.heartbeat.calibration = calibration
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
     try:
-        await worker.run()
+        return await worker.run()
     finally:
         await redis.aclose()
 
@@ -177,5 +119,11 @@ def main(settings: Settings, model: str | None = None) -> int:
     except ImportError:
         loop_factory = None
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(serve(settings, loaded, spec.name, device, backend, model_threads))
+        clean = runner.run(serve(settings, loaded, spec.name, device, backend, model_threads))
+    if not clean:
+        # A model thread may still be stuck on the device: a normal exit would wait for it
+        # (non-daemon pool threads are joined at shutdown), so leave now, logs flushed.
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(3)
     return 0

@@ -18,7 +18,6 @@ class Stats:
     jobs_expired: int = 0
     jobs_cancelled: int = 0
     jobs_poisoned: int = 0
-    taken_over: int = 0
     ooms: int = 0
     splits: int = 0
     last_batch_size: int = 0

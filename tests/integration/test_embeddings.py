@@ -6,12 +6,11 @@ import base64
 
 import httpx
 import numpy as np
+import openai
 import pytest
 
 from inferq.worker.models.echo import expected_vector
 from tests.integration.stack import Stack
-
-openai = pytest.importorskip("openai")
 
 TEXTS = ["hello world", "a b c", "the quick brown fox jumps", "x"]
 

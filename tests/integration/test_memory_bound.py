@@ -81,6 +81,6 @@ def test_oom_splits_lowers_ceiling_recovers_and_fails_only_too_large(
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "oom.json").write_text(json.dumps({
         "jobs": jobs, "jobs_lost": 0, "too_large": 1, "ooms": metrics["ooms"],
-        "batches_split": log.count("out of memory at items=") - log.count("items=1 tokens="),
+        "batches_split": log.count("out of memory at items=") - log.count("items=1 cost="),
         "ceiling_path": [int(path[0][0])] + [int(b) for _, b in path] if path else [],
     }, indent=2))  # fmt: skip

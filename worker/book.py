@@ -1,0 +1,171 @@
+"""The jobs a worker holds, and how each gets exactly one outcome.
+
+A job enters with `hold` and leaves exactly once, through `finalize` (its final record goes
+to the outbox), `hand_back` (it never started: it goes back to the queue) or `forget` (it
+was made final elsewhere, e.g. cancelled: its entry is acked). The book is also the
+executor's sink: rows scatter into their jobs' outputs, a failed item fails its whole job
+and drops the job's other pending items, so they never reach the device.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from inferq.shared.jobs import ErrorCode, JobError, Status, encode_final
+from inferq.shared.queue import Final
+from inferq.worker.batcher import Item
+from inferq.worker.clock import Clock
+from inferq.worker.outbox import Outbox
+from inferq.worker.scheduler import Scheduler, work
+from inferq.worker.state import JobState
+from inferq.worker.stats import Stats
+from inferq.worker.telemetry import Telemetry
+
+log = logging.getLogger("inferq.worker")
+
+
+def _stacked(outputs: list[Any]) -> np.ndarray:
+    """A job's outputs as one float32 array (the vector fast path: raw bytes on the wire)."""
+    if not outputs:
+        return np.empty((0, 0), dtype=np.float32)
+    return np.stack([np.asarray(o, dtype=np.float32) for o in outputs])
+
+
+class Book:
+    def __init__(
+        self,
+        model_name: str,
+        scheduler: Scheduler,
+        outbox: Outbox,
+        stats: Stats,
+        telemetry: Telemetry,
+        clock: Clock,
+    ) -> None:
+        self.model_name = model_name
+        self.scheduler = scheduler
+        self.outbox = outbox
+        self.stats = stats
+        self.telemetry = telemetry
+        self.clock = clock
+        self.jobs: dict[str, JobState] = {}
+
+    # --- in ---
+    def knows(self, job_id: str) -> bool:
+        """Held here, or finalised here and not yet written: never admit it twice."""
+        return job_id in self.jobs or job_id in self.outbox.posting
+
+    def hold(self, state: JobState, items: list[Item]) -> None:
+        if not items:
+            self.finalize(state)
+            return
+        self.jobs[state.job.id] = state
+        self.scheduler.add(state, items)
+
+    # --- out ---
+    def finalize(
+        self, state: JobState, error: JobError | None = None, status: Status | None = None
+    ) -> None:
+        """The job's one outcome: its final record goes to the outbox."""
+        if state.done:
+            return
+        state.error = error
+        final = status or (Status.SUCCEEDED if error is None else Status.FAILED)
+        state.final_status = final
+        self.jobs.pop(state.job.id, None)
+        self.stats.on_job(final, error)
+        end = self.clock.now_ms()
+        fields = encode_final(
+            final, finished_ms=end, outputs=_stacked(state.outputs) if error is None else None,
+            error=error, batch_size=state.batch_size, batch_tokens=state.batch_tokens,
+        )  # fmt: skip
+        self.telemetry.on_final(state.job, final, end)
+        if error is not None and error.code != ErrorCode.EXPIRED:
+            log.warning("job %s %s: %s %s", state.job.id, final, error.code, error.message)
+        e = state.entry
+        self.outbox.post(
+            Final(self.model_name, e.stream, e.entry_id, state.job.id, fields, state.dead_letter)
+        )
+
+    def fail(self, state: JobState, error: JobError, status: Status = Status.FAILED) -> None:
+        if state.done or state.job.id not in self.jobs:
+            return
+        self.scheduler.drop(state)  # its other items never run
+        self.finalize(state, error, status)
+
+    def forget(self, state: JobState) -> None:
+        """Someone else made this job final (e.g. DELETE): drop it, ack its entry."""
+        state.final_status = Status.CANCELLED
+        self.stats.jobs_cancelled += 1
+        self.jobs.pop(state.job.id, None)
+        self.scheduler.drop(state)
+        self.outbox.ack(state.entry)
+
+    def unstarted(self) -> list[JobState]:
+        """Held jobs none of whose items was handed to a batch: they can go back as they are."""
+        return [s for s in self.jobs.values() if s.started_items == 0 and not s.done]
+
+    def release(self, states: Sequence[JobState]) -> None:
+        """`states` were handed back to the queue: this worker holds them no more."""
+        for s in states:
+            self.scheduler.drop(s)
+            self.jobs.pop(s.job.id, None)
+
+    def expire_due(self) -> None:
+        now = self.clock.now_ms()
+        for s in [s for s in self.jobs.values() if s.job.deadline_ms and now > s.job.deadline_ms]:
+            self.fail(
+                s,
+                JobError(ErrorCode.EXPIRED, "deadline passed before it could run"),
+                Status.EXPIRED,
+            )
+
+    def held_items(self) -> int:
+        """Items held without an outcome yet: pending, suspect or on the device."""
+        return sum(s.remaining for s in self.jobs.values())
+
+    def held_entries(self) -> dict[str, list[str]]:
+        """Stream → entry ids of every held job (what the heartbeat keeps fresh)."""
+        held: dict[str, list[str]] = {}
+        for s in self.jobs.values():
+            held.setdefault(s.entry.stream, []).append(s.entry.entry_id)
+        return held
+
+    # --- the executor's sink ---
+    def live(self, item: Item) -> bool:
+        return not work(item).state.done
+
+    def on_rows(
+        self, items: list[Item], outputs: Sequence[Any] | np.ndarray, padded: int, run_s: float
+    ) -> None:
+        self.stats.on_batch(len(items), padded)
+        oldest = self.scheduler.oldest_arrival()
+        self.telemetry.on_batch(
+            len(items), padded, self.scheduler.ceiling.value, run_s, self.held_items(),
+            0.0 if oldest is None else self.clock.monotonic() - oldest,
+        )  # fmt: skip
+        for out, it in zip(outputs, items, strict=True):
+            w = work(it)
+            state = w.state
+            if state.done:
+                continue
+            state.outputs[w.index] = out
+            state.batch_size = max(state.batch_size, len(items))
+            state.batch_tokens = max(state.batch_tokens, padded)
+            state.remaining -= 1
+            if state.remaining == 0:
+                self.finalize(state)
+
+    def on_failure(self, item: Item, error: JobError) -> None:
+        self.fail(work(item).state, error)
+
+    def on_oom(self, items: list[Item], padded: int, before: int, after: int) -> None:
+        self.stats.ooms += 1
+        self.telemetry.on_oom(after)
+
+    def on_split(self, items: list[Item]) -> None:
+        self.stats.splits += 1
+        self.telemetry.on_split()

@@ -1,0 +1,143 @@
+"""Runs batches on the device: the model threads, the OOM mapping, the bisection.
+
+`Executor.run(items, sink)` gives every item exactly one outcome through `sink`: its output
+(`on_rows`), or its failure (`on_failure`). A batch that fails is split in two and each half
+retried, until the guilty item is alone (`model_error`); a batch that runs out of memory
+(`is_oom`: any model's allocation failure, mapped or not) frees the cache, lowers the live
+ceiling (`Scheduler.on_oom`) and is split the same way, and an item that cannot fit alone
+fails its own job (`too_large`). Items whose job already ended (`sink.live`) never run.
+
+The model runs in the executor's own threads (one per batch allowed in flight), so the event
+loop, the heartbeat and the publishing stay live during device work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+import numpy as np
+
+from inferq.shared.jobs import ErrorCode, JobError
+from inferq.worker.batcher import Item
+from inferq.worker.models.base import Model, ModelError, is_oom
+from inferq.worker.scheduler import Scheduler, padded_cost, work
+
+log = logging.getLogger("inferq.worker")
+
+
+class Sink(Protocol):
+    """Where the executor's outcomes go (the worker's book of held jobs)."""
+
+    def live(self, item: Item) -> bool: ...
+
+    def on_rows(
+        self, items: list[Item], outputs: Sequence[Any] | np.ndarray, padded: int, run_s: float
+    ) -> None:
+        """`outputs[i]` belongs to `items[i]`."""
+
+    def on_failure(self, item: Item, error: JobError) -> None: ...
+
+    def on_oom(self, items: list[Item], padded: int, before: int, after: int) -> None: ...
+
+    def on_split(self, items: list[Item]) -> None: ...
+
+
+def release_device_cache(device: str) -> None:
+    """After an OOM only: hand cached blocks back so the retry sees the memory."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def _outputs(out: Any, n: int) -> Sequence[Any] | np.ndarray:
+    """One output per item, or ModelError saying how to fix the model."""
+    if isinstance(out, np.ndarray):
+        if out.ndim == 0 or out.shape[0] != n:
+            raise ModelError(
+                f"model returned an array of shape {out.shape} for {n} inputs: "
+                "return one row (or one output) per input"
+            )
+        return out
+    if not isinstance(out, list | tuple) or len(out) != n:
+        got = f"{len(out)} outputs" if isinstance(out, list | tuple) else type(out).__name__
+        raise ModelError(f"model returned {got} for {n} inputs: return one output per input")
+    return out
+
+
+class Executor:
+    def __init__(self, model: Model, scheduler: Scheduler, *, threads: int, device: str) -> None:
+        self.model = model
+        self.scheduler = scheduler
+        self.device = device
+        # bound: one thread per batch allowed in flight (1 on a GPU: a second would only
+        # contend for the same device; on a CPU, one core per batch beats splitting ops).
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="inferq-model")
+
+    def shutdown(self, *, wait: bool = True) -> None:
+        """Release the model threads; `wait=False` when one may be stuck on the device."""
+        self._pool.shutdown(wait=wait, cancel_futures=not wait)
+
+    async def run(self, items: list[Item], sink: Sink) -> None:
+        items = [it for it in items if sink.live(it)]
+        if not items:
+            return
+        padded = padded_cost(items)
+        if not self.scheduler.fits(items):
+            await self._split(items, sink)  # the ceiling dropped since this batch was packed
+            return
+        t0 = time.perf_counter()
+        try:
+            out = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self.model.run, [work(it).payload for it in items]
+            )
+            outputs = _outputs(out, len(items))
+        except Exception as e:
+            if is_oom(e):
+                await self._on_oom(items, padded, e, sink)
+            elif len(items) == 1:
+                log.warning(
+                    "job %s failed: model error on item %d: %r",
+                    work(items[0]).state.job.id, work(items[0]).index, e,
+                )  # fmt: skip
+                sink.on_failure(
+                    items[0], JobError(ErrorCode.MODEL_ERROR, f"{type(e).__name__}: {e}")
+                )
+            else:
+                log.info(
+                    "batch of %d failed (%s); splitting to isolate the bad item",
+                    len(items), type(e).__name__,
+                )  # fmt: skip
+                await self._split(items, sink)
+            return
+        run_s = time.perf_counter() - t0
+        raised = self.scheduler.on_success(run_s)
+        if raised is not None:
+            log.info("live ceiling raised to %d after successful batches", raised)
+        sink.on_rows(items, outputs, padded, run_s)
+
+    async def _split(self, items: list[Item], sink: Sink) -> None:
+        sink.on_split(items)
+        for half in self.scheduler.split(items):
+            await self.run(half, sink)
+
+    async def _on_oom(self, items: list[Item], padded: int, e: Exception, sink: Sink) -> None:
+        release_device_cache(self.device)
+        before, after = self.scheduler.on_oom(padded)
+        log.warning(
+            "out of memory at items=%d cost=%d (%s); live ceiling %d -> %d",
+            len(items), padded, e, before, after,
+        )  # fmt: skip
+        sink.on_oom(items, padded, before, after)
+        if len(items) == 1:
+            message = (
+                f"input {work(items[0]).index} (cost {padded}) does not fit in device memory alone"
+            )
+            sink.on_failure(items[0], JobError(ErrorCode.TOO_LARGE, message))
+            return
+        await self._split(items, sink)

@@ -1,0 +1,190 @@
+"""Redis → held jobs: read, take over, claim, admit.
+
+- read: our own pending entries first (delivered before a crash or reconnect, guide #1),
+  then new ones; with a backlog lane by lane (`inferq.worker.lanes`), so priorities decide
+  who gets into the batcher, else one blocking read over every lane;
+- take over: on a schedule, claim the entries of consumers whose heartbeat is gone (with an
+  idle guard, so two live workers never both win) and of any stuck past the visibility
+  timeout;
+- claim: mark the jobs running and read their records in one trip;
+- admit: decide each job's fate before it costs device time: poisoned (on a device at
+  `max_deliveries` worker deaths), expired, refused by the model's `prepare` (its own job
+  fails, nothing else), or held, split into items. `prepare` runs in a thread of its own, so
+  tokenising or decoding never blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from inferq.shared.jobs import ErrorCode, Job, JobError, Status
+from inferq.shared.queue import Entry, JobQueue
+from inferq.shared.registry import WorkerRegistry
+from inferq.shared.settings import Settings
+from inferq.worker.batcher import Item
+from inferq.worker.clock import Clock
+from inferq.worker.lanes import lane_order
+from inferq.worker.models.base import Model, ModelError, Prepared
+from inferq.worker.state import JobState, Work
+
+log = logging.getLogger("inferq.worker")
+
+
+@dataclass(slots=True)
+class Admission:
+    """What one claim produced: jobs to hold, jobs already decided, entries to just ack."""
+
+    held: list[tuple[JobState, list[Item]]] = field(default_factory=list)
+    decided: list[tuple[JobState, JobError, Status]] = field(default_factory=list)
+    stale: list[Entry] = field(default_factory=list)
+
+
+def _checked(prepared: list[Prepared], n: int) -> list[Prepared]:
+    if len(prepared) != n or any(
+        isinstance(p.cost, bool) or not isinstance(p.cost, int) or p.cost < 1 for p in prepared
+    ):
+        raise ModelError("prepare() must return one item per input, each with an int cost >= 1")
+    return prepared
+
+
+class Intake:
+    def __init__(
+        self,
+        queue: JobQueue,
+        registry: WorkerRegistry,
+        model: Model,
+        settings: Settings,
+        *,
+        model_name: str,
+        consumer: str,
+        clock: Clock,
+    ) -> None:
+        self.queue, self.registry, self.model, self.settings = queue, registry, model, settings
+        self.model_name, self.consumer, self.clock = model_name, consumer, clock
+        self.taken_over = 0
+        self._pending = True  # start with our own PEL
+        self._backlog = True  # until a read comes back short, assume work is waiting
+        self._reads = 0
+        self._next_takeover = 0.0
+        # One thread: a job's inputs are prepared in order; the model has its own threads.
+        self._prepare = ThreadPoolExecutor(1, thread_name_prefix="inferq-prepare")
+
+    def shutdown(self) -> None:
+        self._prepare.shutdown(wait=True)
+
+    def reconnected(self) -> None:
+        """After a Redis failure: entries may have been delivered whose reply we lost."""
+        self._pending = True
+
+    async def fetch(self, room: int, known: Callable[[str], bool]) -> list[Entry]:
+        """Up to `room` entries this worker does not hold yet (may block up to read_block_ms)."""
+        if self.clock.monotonic() >= self._next_takeover:
+            self._next_takeover = self.clock.monotonic() + min(
+                1.0, self.settings.visibility_timeout_s / 3
+            )
+            taken = [e for e in await self._take_over() if not known(e.job_id)]
+            if taken:
+                self.taken_over += len(taken)
+                return taken
+        entries = await self._read(room)
+        if self._pending and not entries:
+            self._pending = False  # our PEL is empty: from now on, new entries
+        return [e for e in entries if not known(e.job_id)]
+
+    async def _read(self, room: int) -> list[Entry]:
+        count = min(room, self.settings.max_batch_size)
+        read = self.queue.read
+        if self._pending:
+            return await read(
+                self.model_name, self.consumer, count=count, block_ms=None, pending=True
+            )
+        got: list[Entry] = []
+        if self._backlog:
+            for lane in lane_order(self._reads):
+                got += await read(
+                    self.model_name, self.consumer, count=count - len(got), block_ms=None,
+                    lanes=(lane,),
+                )  # fmt: skip
+                if len(got) >= count:
+                    break
+            self._reads += 1
+        if not got:
+            # No backlog: one blocking read over every lane answers as soon as anything arrives.
+            got = await read(
+                self.model_name, self.consumer, count=count, block_ms=self.settings.read_block_ms
+            )
+        self._backlog = len(got) >= count
+        return got
+
+    async def _take_over(self) -> list[Entry]:
+        """Claim entries of consumers whose heartbeat is gone, and of any stuck past the timeout."""
+        pending = await self.queue.consumers(self.model_name)
+        others = [c for c, n in pending.items() if n and c != self.consumer]
+        alive = await self.registry.alive(others)
+        dead = [c for c, a in zip(others, alive, strict=True) if not a]
+        # A dead worker's entries stopped being refreshed when it died; requiring half a
+        # heartbeat TTL of idleness keeps two live workers from both claiming them.
+        taken = await self.queue.take_over(
+            self.model_name, self.consumer, dead=dead,
+            dead_idle_ms=int(self.settings.heartbeat_ttl_s * 500),
+            stuck_idle_ms=int(self.settings.visibility_timeout_s * 1000),
+        )  # fmt: skip
+        if taken:
+            log.warning(
+                "took over %d entries (dead consumers: %s)", len(taken), ", ".join(dead) or "none"
+            )
+        return taken
+
+    async def admit(self, entries: list[Entry]) -> Admission:
+        """Claim `entries` and decide each job's fate (see the module docstring)."""
+        jobs = await self.queue.claim([e.job_id for e in entries], self.clock.now_ms())
+        out = Admission()
+        ready: list[tuple[Entry, Job]] = []
+        for entry, job in zip(entries, jobs, strict=True):
+            if job is None or job.status.is_final:
+                out.stale.append(entry)  # record expired, cancelled, or a duplicate delivery
+            elif (verdict := self._verdict(job)) is not None:
+                state = JobState(job, entry, 0, dead_letter=verdict.code == ErrorCode.POISONED)
+                status = Status.EXPIRED if verdict.code == ErrorCode.EXPIRED else Status.FAILED
+                out.decided.append((state, verdict, status))
+            else:
+                ready.append((entry, job))
+        if ready:
+            loop = asyncio.get_running_loop()
+            prepared = await loop.run_in_executor(self._prepare, self._prepare_all, ready)
+            arrived = self.clock.monotonic()
+            for (entry, job), result in zip(ready, prepared, strict=True):
+                if isinstance(result, JobError):
+                    out.decided.append((JobState(job, entry, 0), result, Status.FAILED))
+                    continue
+                state = JobState(job, entry, remaining=len(result), outputs=[None] * len(result))
+                items = [
+                    Item(key=Work(state, i, p.payload), cost=p.cost, arrived=arrived)
+                    for i, p in enumerate(result)
+                ]
+                out.held.append((state, items))
+        return out
+
+    def _verdict(self, job: Job) -> JobError | None:
+        # `attempts` counts device starts that never finished (see scripts.START).
+        limit = self.settings.max_deliveries
+        if job.attempts >= limit:
+            msg = f"started {job.attempts} times without finishing (INFERQ_MAX_DELIVERIES={limit})"
+            log.error("job %s poisoned: %s; dead-lettered", job.id, msg)
+            return JobError(ErrorCode.POISONED, msg)
+        if job.deadline_ms and self.clock.now_ms() > job.deadline_ms:
+            return JobError(ErrorCode.EXPIRED, "deadline passed in queue")
+        return None
+
+    def _prepare_all(self, ready: list[tuple[Entry, Job]]) -> list[list[Prepared] | JobError]:
+        out: list[list[Prepared] | JobError] = []
+        for _, job in ready:
+            try:
+                out.append(_checked(self.model.prepare(job.inputs), len(job.inputs)))
+            except Exception as e:  # a bad input fails its own job before it reaches a batch
+                out.append(JobError(ErrorCode.MODEL_ERROR, f"{type(e).__name__}: {e}"))
+        return out

@@ -1,0 +1,79 @@
+"""Finished results on their way to Redis: posted in the order they finished, never dropped.
+
+`post` queues a job's final outcome, `ack` an entry to acknowledge without a result (its job
+was already final: a duplicate delivery, or cancelled elsewhere). `run` writes whatever is
+queued in one `JobQueue.finish` round trip (result → notify → XACK, atomically) and, while
+Redis is unavailable, keeps it all and retries with backoff: a result computed during an
+outage is posted when Redis answers again. Posting is idempotent (the finish script never
+overwrites a final record), so a retry after a lost reply changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from inferq.shared.errors import QueueUnavailable
+from inferq.shared.queue import Entry, Final, JobQueue
+from inferq.shared.retry import Backoff
+
+log = logging.getLogger("inferq.worker")
+
+
+class Outbox:
+    def __init__(self, queue: JobQueue) -> None:
+        self.queue = queue
+        # Unbounded on purpose: a finished result must never be dropped or block the device.
+        self._queue: asyncio.Queue[Final | Entry] = asyncio.Queue()
+        self.posting: set[str] = set()  # job ids finalised here and not yet written
+        self.unavailable_since: float | None = None  # loop time of the first failed post
+        self._in_flight = 0  # taken off the queue, not yet written
+
+    def post(self, final: Final) -> None:
+        self.posting.add(final.job_id)
+        self._queue.put_nowait(final)
+
+    def ack(self, entry: Entry) -> None:
+        self._queue.put_nowait(entry)
+
+    @property
+    def pending(self) -> int:
+        """Results and acks not yet written (queued or being posted)."""
+        return self._queue.qsize() + self._in_flight
+
+    async def drained(self) -> None:
+        """Returns once everything queued so far is written."""
+        await self._queue.join()
+
+    async def run(self) -> None:
+        backoff = Backoff()
+        while True:
+            batch = [await self._queue.get()]
+            while not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            self._in_flight = len(batch)
+            finals = [f for f in batch if isinstance(f, Final)]
+            stale = [e for e in batch if isinstance(e, Entry)]
+            while True:
+                try:
+                    if finals:
+                        await self.queue.finish(finals)
+                    if stale:
+                        await self.queue.ack(stale)
+                    break
+                except QueueUnavailable as e:
+                    if self.unavailable_since is None:
+                        self.unavailable_since = asyncio.get_running_loop().time()
+                    delay = backoff.next()
+                    # Keep the results: they are posted when Redis answers again.
+                    log.warning(
+                        "posting %d results failed (%s); retrying in %.1fs", len(finals), e, delay
+                    )
+                    await asyncio.sleep(delay)
+            backoff.reset()
+            self.unavailable_since = None
+            for f in finals:
+                self.posting.discard(f.job_id)
+            self._in_flight = 0
+            for _ in batch:
+                self._queue.task_done()

@@ -1,0 +1,330 @@
+"""The worker at run time: its tasks, how they are supervised, and how it stops.
+
+Four tasks, joined by the book of held jobs and the outbox:
+
+- consume: `Intake` reads, takes over, claims and admits jobs into the `Book` and the
+  `Scheduler`, while fewer than `prefetch_limit` items are held (one worker never hoards
+  the queue);
+- schedule: asks the scheduler what runs next and starts each batch on the `Executor`
+  (up to `streams` at once), counting device starts on the broker right before;
+- publish: the `Outbox` posts final records (result → notify → XACK), keeping them while
+  Redis is down;
+- heartbeat: a `Snapshot` of the worker to the registry every `heartbeat_s`.
+
+A task that dies takes the worker down (and its heartbeat with it), never leaving a
+process that looks alive but no longer reads or publishes.
+
+Stop (`stop()`, on SIGTERM) is bounded by `INFERQ_DRAIN_S`: stop reading; once the intake
+has returned, hand back every held job that has nothing on the device (taking back the device
+start it counted); let the batches on the device finish; hand back what is still held; post
+every result; exit. If the deadline passes first, whatever is left is handed back and `run`
+returns False, so the process exits non-zero with one line saying why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+
+from redis.asyncio import Redis
+
+from inferq.shared.errors import QueueUnavailable
+from inferq.shared.jobs import Status, pack_field
+from inferq.shared.metrics import WorkerMetrics
+from inferq.shared.queue import JobQueue
+from inferq.shared.registry import WorkerBeat, WorkerRegistry
+from inferq.shared.retry import Backoff
+from inferq.shared.settings import Settings
+from inferq.worker.batcher import Batch, Item
+from inferq.worker.book import Book
+from inferq.worker.ceiling import LiveCeiling
+from inferq.worker.clock import Clock, SystemClock
+from inferq.worker.executor import Executor
+from inferq.worker.heartbeat import Heartbeat, Snapshot
+from inferq.worker.intake import Admission, Intake
+from inferq.worker.models.base import Model
+from inferq.worker.outbox import Outbox
+from inferq.worker.scheduler import Scheduler, work
+from inferq.worker.state import JobState
+from inferq.worker.stats import Stats
+from inferq.worker.telemetry import Telemetry
+
+log = logging.getLogger("inferq.worker")
+
+_NOT_FINAL = {pack_field(str(s)) for s in Status if not s.is_final}
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: Settings,
+        model: Model,
+        model_name: str,
+        redis: Redis,
+        *,
+        device: str,
+        ceiling: int | None = None,
+        ceiling_reason: str = "",
+        metrics: WorkerMetrics | None = None,
+        backend: str = "",
+        model_threads: int = 1,
+        calibration: str = "",
+        clock: Clock | None = None,
+    ) -> None:
+        self.settings, self.model_name, self.device = settings, model_name, device
+        self.backend, self.calibration, self.ceiling_reason = backend, calibration, ceiling_reason
+        self.clock = clock or SystemClock()
+        self.consumer = settings.consumer_name(device, model_name)
+        self.queue = JobQueue(redis, result_ttl_s=settings.result_ttl_s)
+        self.registry = WorkerRegistry(redis)
+        max_cost = getattr(model, "max_cost", None) or 1
+        top = max(ceiling or settings.max_batch_tokens, max_cost)
+        self.scheduler = Scheduler(
+            LiveCeiling(top, max_cost, settings.ceiling_recover_after),
+            max_batch_size=settings.max_batch_size, max_wait_s=settings.max_wait_ms / 1000,
+            min_fill=settings.min_padding_efficiency, streams=model_threads,
+        )  # fmt: skip
+        self.stats = Stats()
+        self.telemetry = Telemetry(settings, model_name, device, metrics)
+        self.outbox = Outbox(self.queue)
+        self.book = Book(
+            model_name, self.scheduler, self.outbox, self.stats, self.telemetry, self.clock
+        )
+        self.intake = Intake(
+            self.queue, self.registry, model, settings,
+            model_name=model_name, consumer=self.consumer, clock=self.clock,
+        )  # fmt: skip
+        self.executor = Executor(model, self.scheduler, threads=model_threads, device=device)
+        self.heartbeat = Heartbeat(
+            self.registry, self.snapshot, period_s=settings.heartbeat_s,
+            ttl_s=settings.heartbeat_ttl_s, stuck_after_s=settings.visibility_timeout_s,
+        )  # fmt: skip
+        self.handed_back = 0
+        self._on_device: dict[int, tuple[Batch, float]] = {}  # batch → (batch, started at)
+        self._running: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()  # new items, a finished batch, or stop
+        self._room = asyncio.Event()  # prefetch room freed, or stop
+        self._stopping = asyncio.Event()
+        self._consumed = asyncio.Event()  # the consume task has returned
+
+    # --- lifecycle ---
+    def stop(self) -> None:
+        """Stop pulling and drain (see the module docstring); safe to call more than once."""
+        if not self._stopping.is_set():
+            log.info("stopping: no new reads; %d items held", self.book.held_items())
+        self._stopping.set()
+        self.poke()
+
+    def poke(self) -> None:
+        """Re-evaluate now (something changed, e.g. a test advanced its clock)."""
+        self._wake.set()
+        self._room.set()
+
+    async def run(self) -> bool:
+        """Serve until stopped; True if the drain finished within `drain_s`."""
+        started = time.monotonic()
+        await self._until_redis(self.queue.ensure_group, self.model_name)
+        log.info(
+            "worker %s serving model=%s device=%s ceiling=%d (%s) max_batch_size=%d max_wait_ms=%g",
+            self.consumer, self.model_name, self.device, self.scheduler.ceiling.value,
+            self.ceiling_reason or "INFERQ_MAX_BATCH_TOKENS", self.settings.max_batch_size,
+            self.settings.max_wait_ms,
+        )  # fmt: skip
+        tasks = {
+            asyncio.create_task(self.heartbeat.loop(), name="heartbeat"),
+            asyncio.create_task(self.outbox.run(), name="publish"),
+            asyncio.create_task(self._consume(), name="consume"),
+            asyncio.create_task(self._schedule(), name="schedule"),
+        }
+        clean = False
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            done, _ = await asyncio.wait({stopping, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+            for t in done - {stopping}:
+                t.result()  # a task that raised takes the worker down
+                if not self._stopping.is_set():
+                    raise RuntimeError(f"worker task {t.get_name()} returned unexpectedly")
+            clean = await self._drain(tasks)
+        finally:
+            stopping.cancel()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            with contextlib.suppress(QueueUnavailable):
+                await self.heartbeat.unregister(self.consumer, self.model_name)
+            self.intake.shutdown()
+            self.executor.shutdown(wait=clean)  # a hung model thread must not hold the exit
+        s = self.stats
+        log.info(
+            "worker %s stopped after %.1fs: batches=%d items=%d jobs ok=%d failed=%d expired=%d "
+            "cancelled=%d poisoned=%d handed_back=%d taken_over=%d ooms=%d splits=%d unposted=%d",
+            self.consumer, time.monotonic() - started, s.batches, s.items, s.jobs_ok,
+            s.jobs_failed, s.jobs_expired, s.jobs_cancelled, s.jobs_poisoned, self.handed_back,
+            self.intake.taken_over, s.ooms, s.splits, self.outbox.pending,
+        )  # fmt: skip
+        return clean
+
+    async def _until_redis(self, fn: Callable[[str], Awaitable[None]], arg: str) -> None:
+        backoff = Backoff()
+        while True:
+            try:
+                return await fn(arg)
+            except QueueUnavailable as e:
+                if self._stopping.is_set():
+                    raise
+                delay = backoff.next()
+                log.warning("redis unavailable (%s); retrying in %.1fs", e, delay)
+                await asyncio.sleep(delay)
+
+    # --- consume ---
+    async def _consume(self) -> None:
+        backoff = Backoff()
+        try:
+            while not self._stopping.is_set():
+                room = self.settings.prefetch_limit - self.book.held_items()
+                if room <= 0:
+                    self._room.clear()
+                    await self._room.wait()
+                    continue
+                try:
+                    entries = await self.intake.fetch(room, self.book.knows)
+                    admission = await self.intake.admit(entries) if entries else None
+                except QueueUnavailable as e:
+                    delay = backoff.next()
+                    log.warning("redis read failed (%s); reconnecting in %.1fs", e, delay)
+                    self.intake.reconnected()
+                    await asyncio.sleep(delay)
+                    continue
+                backoff.reset()
+                if admission is not None:
+                    self._apply(admission)
+        finally:
+            self._consumed.set()
+
+    def _apply(self, admission: Admission) -> None:
+        for entry in admission.stale:
+            self.outbox.ack(entry)
+        for state, error, status in admission.decided:
+            self.book.finalize(state, error, status)
+        for state, items in admission.held:
+            self.book.hold(state, items)
+        self._wake.set()
+
+    # --- schedule and run ---
+    async def _schedule(self) -> None:
+        running = self._running
+        while not self._stopping.is_set():
+            for t in [t for t in running if t.done()]:
+                running.discard(t)
+                t.result()  # a batch task that raised takes the worker down
+            self.book.expire_due()
+            now = self.clock.monotonic()
+            nxt = self.scheduler.next(now, len(running))
+            if nxt.batch is not None:
+                for it in nxt.batch.items:  # claimed now, so a stop never hands back a job mid-run
+                    work(it).state.started_items += 1
+                running.add(asyncio.create_task(self._run_batch(nxt.batch)))
+                continue
+            self._wake.clear()
+            wake = asyncio.ensure_future(self._wake.wait())
+            timeout = None if nxt.wake_at is None else max(0.0, nxt.wake_at - now)
+            await asyncio.wait(
+                {wake, *running}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            wake.cancel()
+
+    async def _run_batch(self, batch: Batch) -> None:
+        key = id(batch)
+        self._on_device[key] = (batch, self.clock.monotonic())
+        try:
+            await self.executor.run(await self._start(batch.items), self.book)
+        finally:
+            del self._on_device[key]
+            self._room.set()
+
+    async def _start(self, items: list[Item]) -> list[Item]:
+        """Count first device starts on the broker; drop jobs made final elsewhere (cancelled)."""
+        states = list(
+            {id(work(it).state): work(it).state for it in items if self.book.live(it)}.values()
+        )
+        try:
+            statuses = await self.queue.start(
+                [s.job.id for s in states], [not s.counted for s in states]
+            )
+        except QueueUnavailable:  # cannot check: run them; the final write stays guarded
+            statuses = [b""] * len(states)
+        for s, raw in zip(states, statuses, strict=True):
+            s.counted = s.counted or bool(raw)
+            if raw and raw not in _NOT_FINAL:
+                self.book.forget(s)
+        return [it for it in items if self.book.live(it)]
+
+    # --- stop ---
+    async def _drain(self, tasks: set[asyncio.Task[None]]) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.drain_s
+
+        def left() -> float:
+            return max(0.0, deadline - loop.time())
+
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._consumed.wait(), left())
+        on_device = {id(work(it).state) for b, _ in self._on_device.values() for it in b.items}
+        await self._hand_back([s for s in self.book.jobs.values() if id(s) not in on_device])
+        busy: set[asyncio.Task[None]] = set()
+        if self._running and left():
+            _, busy = await asyncio.wait(self._running, timeout=left())
+        await self._hand_back(list(self.book.jobs.values()))  # left with pending items, or stuck
+        posted = False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.outbox.drained(), left())
+            posted = True
+        if busy or not posted:
+            log.error(
+                "drain did not finish within INFERQ_DRAIN_S=%gs: %d batches still on the device, "
+                "%d results unposted (their jobs stay in this worker's pending list)",
+                self.settings.drain_s, len(busy), self.outbox.pending,
+            )  # fmt: skip
+            return False
+        return True
+
+    async def _hand_back(self, states: list[JobState]) -> None:
+        """Give jobs back to the queue now, not after a visibility timeout."""
+        states = [s for s in states if not s.done]
+        if not states:
+            return
+        self.book.release(states)
+        try:
+            await self.queue.hand_back([s.entry for s in states], [s.counted for s in states])
+        except QueueUnavailable as e:  # they stay in our PEL: a restart or take-over gets them
+            log.warning("could not hand back %d jobs (%s)", len(states), e)
+            return
+        self.handed_back += len(states)
+        log.info("handed back %d jobs", len(states))
+
+    # --- the heartbeat's view ---
+    def snapshot(self) -> Snapshot:
+        if not self._on_device:
+            self.telemetry.read_memory()  # between batches; during one, the batch line reads it
+        alloc, reserved, total = self.telemetry.memory
+        s = self.stats
+        beat = WorkerBeat(
+            id=self.consumer, host=socket.gethostname(), pid=os.getpid(), model=self.model_name,
+            backend=self.backend, device=self.device, token_ceiling=self.scheduler.ceiling.value,
+            items_per_s=round(s.items_per_s(), 2), last_batch_size=s.last_batch_size,
+            last_batch_tokens=s.last_batch_tokens, last_batch_at_ms=s.last_batch_at_ms,
+            batches=s.batches, ooms=s.ooms, held_items=self.book.held_items(),
+            beat_ms=self.clock.now_ms(), mem_allocated=alloc, mem_reserved=reserved,
+            mem_total=total, calibration=self.calibration, ceiling_reason=self.ceiling_reason,
+        )  # fmt: skip
+        oldest = min((at for _, at in self._on_device.values()), default=None)
+        stuck = (
+            oldest is not None
+            and self.clock.monotonic() - oldest > self.settings.visibility_timeout_s
+        )
+        return Snapshot(beat, self.book.held_entries(), stuck)

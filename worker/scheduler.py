@@ -1,0 +1,146 @@
+"""What runs next on the device: the whole batch policy as one pure object.
+
+It owns the batcher (`inferq.worker.batcher`), the live ceiling (`inferq.worker.ceiling`),
+how many batches may run at once and how big a batch beside others may be
+(`inferq.worker.streams`), the solo re-runs of suspect jobs, and how a batch that must not
+run whole is split. Pure: no I/O and no clock; callers pass `now` (monotonic seconds) and
+how many batches are running.
+
+Invariants of `next`:
+
+* It never returns an empty batch, nor one over the live ceiling (padded cost = items ×
+  largest) or the size bound, except a single item (which may still be too large: the
+  executor finds out).
+* At most `streams` batches run at once: with `running >= streams` nothing is due.
+* A suspect job (it was on a device when a worker died) never shares the device: its
+  batches start only when nothing runs, nothing else starts while any of its items is
+  pending, and of several suspects the one with the fewest attempts goes first.
+* When stopping, every pending item is due at once (no batch wait).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferq.worker.batcher import Batch, Batcher, Item
+from inferq.worker.ceiling import LiveCeiling
+from inferq.worker.state import JobState, Work
+from inferq.worker.streams import limits, smooth
+
+
+@dataclass(frozen=True, slots=True)
+class Next:
+    """A batch to start now, or when to ask again (None: when something changes)."""
+
+    batch: Batch | None = None
+    wake_at: float | None = None
+
+
+def padded_cost(items: list[Item]) -> int:
+    return len(items) * max(it.cost for it in items) if items else 0
+
+
+def work(item: Item) -> Work:
+    return item.key  # type: ignore[no-any-return]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        ceiling: LiveCeiling,
+        *,
+        max_batch_size: int,
+        max_wait_s: float,
+        min_fill: float,
+        streams: int = 1,
+    ) -> None:
+        self.ceiling = ceiling
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s
+        self.min_fill = min_fill
+        self.streams = max(1, streams)
+        self.batcher = Batcher(ceiling.value, max_batch_size, max_wait_s, min_fill)
+        self.recent_run_s = 0.0  # smoothed batch run time: how long a busy stream waits
+        self._suspects: list[tuple[JobState, list[Item]]] = []  # waiting to run alone
+        self._solo: Batcher | None = None  # the suspect whose batches run now, alone
+
+    # --- items in ---
+    def add(self, state: JobState, items: list[Item]) -> None:
+        if state.suspect:
+            self._suspects.append((state, items))
+        else:
+            for it in items:
+                self.batcher.add(it)
+
+    def drop(self, state: JobState) -> None:
+        """Forget every pending item of `state` (it failed, was cancelled or handed back)."""
+        self.batcher.remove(lambda it: work(it).state is state)
+        self._suspects = [(s, items) for s, items in self._suspects if s is not state]
+        if self._solo is not None:
+            self._solo.remove(lambda it: work(it).state is state)
+            if not len(self._solo):
+                self._solo = None
+
+    def pending(self) -> int:
+        """Items waiting for a batch."""
+        solo = len(self._solo) if self._solo is not None else 0
+        return len(self.batcher) + solo + sum(len(items) for _, items in self._suspects)
+
+    def oldest_arrival(self) -> float | None:
+        return self.batcher.oldest_arrival()
+
+    # --- what runs next ---
+    def next(self, now: float, running: int, *, stopping: bool = False) -> Next:
+        if self._solo is not None or self._suspects:
+            return self._next_solo(now, running)
+        if running >= self.streams:
+            return Next()
+        lim = limits(running, self.streams, self.max_batch_size, self.max_wait_s, self.recent_run_s)
+        b = self.batcher
+        b.max_batch_size, b.max_wait_s, b.max_batch_tokens = (
+            lim.max_batch_size,
+            lim.max_wait_s,
+            self.ceiling.value,
+        )
+        batch = b.next_batch(now, force=stopping)
+        return Next(batch=batch) if batch is not None else Next(wake_at=b.due_at())
+
+    def _next_solo(self, now: float, running: int) -> Next:
+        if running:
+            return Next()  # a suspect runs with nothing beside it: wait for the device
+        if self._solo is None:
+            # Least suspicious first: a job that was on the device at more crashes waits.
+            state, items = min(self._suspects, key=lambda si: si[0].job.attempts)
+            self._suspects = [(s, i) for s, i in self._suspects if s is not state]
+            self._solo = Batcher(self.ceiling.value, self.max_batch_size, 0.0, self.min_fill)
+            for it in items:
+                self._solo.add(it)
+        self._solo.max_batch_tokens = self.ceiling.value
+        batch = self._solo.next_batch(now, force=True)
+        if not len(self._solo):
+            self._solo = None
+        return Next(batch=batch)
+
+    # --- what the device said ---
+    def fits(self, items: list[Item]) -> bool:
+        """Whether `items` may run as one batch under the live ceiling (one item always may)."""
+        return len(items) <= 1 or padded_cost(items) <= self.ceiling.value
+
+    @staticmethod
+    def split(items: list[Item]) -> tuple[list[Item], list[Item]]:
+        """Two halves by cost (halves of similar cost pad less), the cheaper first."""
+        ordered = sorted(items, key=lambda it: it.cost)
+        half = len(ordered) // 2
+        return ordered[:half], ordered[half:]
+
+    def on_success(self, run_s: float) -> int | None:
+        """A batch ran; returns the new live ceiling if this raised it, else None."""
+        self.recent_run_s = smooth(self.recent_run_s, run_s)
+        before = self.ceiling.value
+        after = self.ceiling.on_success()
+        return after if after > before else None
+
+    def on_oom(self, padded: int) -> tuple[int, int]:
+        """A batch of `padded` cost ran out of memory: (ceiling before, ceiling after)."""
+        before = self.ceiling.value
+        return before, self.ceiling.on_oom(padded)

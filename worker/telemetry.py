@@ -1,0 +1,89 @@
+"""What a worker tells people: metrics, the per-batch watermark line, memory snapshots.
+
+No decisions are made here; the book and the executor report what happened and this turns
+it into Prometheus series (`inferq.shared.metrics.WorkerMetrics`), one log line per batch and,
+past `INFERQ_SNAPSHOT_AT` on CUDA, a memory snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from inferq.shared.jobs import Job, Status
+from inferq.shared.metrics import WorkerMetrics
+from inferq.shared.settings import Settings
+from inferq.worker.memory import SnapshotState, device_memory
+
+log = logging.getLogger("inferq.worker")
+
+
+class Telemetry:
+    def __init__(
+        self, settings: Settings, model_name: str, device: str, metrics: WorkerMetrics | None
+    ) -> None:
+        self.settings = settings
+        self.model_name = model_name
+        self.device = device
+        self.metrics = metrics
+        self.memory = (0, 0, 0)  # allocated, reserved, total bytes at the last reading
+        self._snapshots: SnapshotState | None = None  # made on first use
+
+    def read_memory(self) -> tuple[int, int, int]:
+        m = device_memory(self.device)
+        self.memory = (m.allocated, m.reserved, m.total)
+        return self.memory
+
+    def on_batch(
+        self, items: int, padded: int, ceiling: int, run_s: float, held: int, oldest_wait_s: float
+    ) -> None:
+        alloc, reserved, total = self.read_memory()
+        if self.metrics:
+            m = self.metrics
+            m.batch_size.labels(model=self.model_name).observe(items)
+            m.batch_tokens.labels(model=self.model_name).observe(padded)
+            m.batch_seconds.observe(run_s)
+            m.token_ceiling.set(ceiling)
+            m.set_device_memory(alloc, reserved, total)
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "batch items=%d tokens=%d/%d run_ms=%.1f mem=%.0f/%.0f/%.0fMiB (%.0f%%) held=%d oldest_wait_ms=%.0f",
+                items, padded, ceiling, run_s * 1000, alloc / 2**20, reserved / 2**20,
+                total / 2**20, 100 * reserved / total if total else 0.0, held, oldest_wait_s * 1000,
+            )  # fmt: skip
+        self._maybe_snapshot(reserved, total)
+
+    def on_ceiling(self, value: int) -> None:
+        if self.metrics:
+            self.metrics.token_ceiling.set(value)
+
+    def on_oom(self, after: int) -> None:
+        if self.metrics:
+            self.metrics.oom.inc()
+            self.metrics.token_ceiling.set(after)
+
+    def on_split(self) -> None:
+        if self.metrics:
+            self.metrics.batch_splits.inc()
+
+    def on_final(self, job: Job, status: Status, end_ms: int) -> None:
+        if not self.metrics:
+            return
+        m = self.metrics
+        m.jobs_finished.labels(model=self.model_name, status=str(status)).inc()
+        if job.started_ms is not None:
+            m.job_queue_seconds.labels(model=self.model_name).observe(
+                max(0, job.started_ms - job.created_ms) / 1000
+            )
+        m.job_latency_seconds.labels(model=self.model_name).observe(
+            max(0, end_ms - job.created_ms) / 1000
+        )
+
+    def _maybe_snapshot(self, reserved: int, total: int) -> None:
+        at = self.settings.snapshot_at
+        if at is None or not total or reserved / total < at:
+            return
+        from inferq.worker.memory import maybe_snapshot
+
+        if self._snapshots is None:
+            self._snapshots = SnapshotState()
+        maybe_snapshot(self.device, reserved / total, self.settings, self._snapshots)
