@@ -39,9 +39,11 @@ bench: install
 	$(PIP) install -q -e '.[api,worker,dev,bench]'
 	$(VENV)/bin/inferq bench
 
+# What CI checks besides the tests (.ci/run calls it): lint, formatting, types of the package.
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy api worker shared inferq bench
 
 format: install
 	$(VENV)/bin/ruff format .

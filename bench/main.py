@@ -5,12 +5,12 @@ See bench/ for the parts and docs/benchmarks.md for what each number means.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +23,22 @@ DEFAULT_DOCS = "docs" if IN_CHECKOUT else ""
 ALL_SYSTEMS = "ceiling,seed,inferq,jobs,litserve,frontend"
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="inferq bench", description=__doc__)
-    p.add_argument("--corpus", default="short,mixed", help="comma-separated: short, mixed")
-    p.add_argument("--concurrency", default="1,8,32,128", help="closed-loop client counts")
-    p.add_argument("--duration", type=float, default=6.0, help="measured seconds per point")
-    p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each point")
-    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-    p.add_argument("--backend", default="torch", choices=("torch", "onnx"))
-    p.add_argument("--repeat", type=int, default=1, help="runs; the table shows medians")
-    p.add_argument("--systems", default=ALL_SYSTEMS, help=f"subset of {ALL_SYSTEMS}")
-    p.add_argument("--env", action="append", default=[], help="KEY=VALUE for every server process")
-    p.add_argument("--quick", action="store_true", help="smoke run: 1,8,32 clients, 2 s points")
-    p.add_argument("--out", default=DEFAULT_OUT, help="results directory")
-    p.add_argument("--docs", default=DEFAULT_DOCS, help="where benchmarks.md/png go ('' = skip)")
-    return p
+@dataclass(frozen=True)
+class BenchOptions:
+    """What `inferq bench` measures (its command-line options, see `inferq bench --help`)."""
+
+    corpus: str = "short,mixed"  # comma-separated: short, mixed
+    concurrency: str = "1,8,32,128"  # closed-loop client counts
+    duration: float = 6.0  # measured seconds per point
+    warmup: float = 1.0  # unmeasured seconds before each point
+    device: str = "cpu"
+    backend: str = "torch"
+    repeat: int = 1  # runs; the table shows medians
+    systems: str = ALL_SYSTEMS
+    env: tuple[str, ...] = ()  # KEY=VALUE for every server process
+    quick: bool = False  # smoke run: 1,8,32 clients, 2 s points
+    out: str = DEFAULT_OUT
+    docs: str = DEFAULT_DOCS  # where benchmarks.md/png go ('' = skip)
 
 
 def machine() -> str:
@@ -73,9 +74,11 @@ def _onnx_ok(backend: str) -> str | None:
     return None
 
 
-def main(argv: list[str]) -> int:
-    # `inferq bench -- --quick`: the CLI's REMAINDER keeps the "--" in front.
-    args = _parser().parse_args(argv[1:] if argv[:1] == ["--"] else argv)
+def main(args: BenchOptions, argv: list[str]) -> int:
+    """Run the plan `args` describes; `argv` (the command line) goes into the report's title."""
+    if bad := [kv for kv in args.env if "=" not in kv]:
+        print(f"inferq bench: --env wants KEY=VALUE, got {bad}", file=sys.stderr)
+        return 2
     from tqdm import tqdm
 
     from inferq.bench import report, stats

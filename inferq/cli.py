@@ -1,76 +1,183 @@
-"""`inferq`: `up` (everything on one machine), `api`, `worker`."""
+"""`inferq`: `up` (everything on one machine), `api`, `worker`, `calibrate`, `bench`.
+
+Built on typer: every command's `--help` works without valid settings, because settings are
+read only inside a command. Options that are settings (`--model`, `--device`, ...) take their
+help text from the `Settings` field and override the environment; pydantic validates them
+once, the same way it validates `INFERQ_*` variables.
+"""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated, Any
 
+import typer
 from pydantic import ValidationError
 
+from inferq.shared.settings import Settings
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="inferq", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-
-    up = sub.add_parser("up", help="Redis (unless INFERQ_REDIS_URL is set) + one worker + the API")
-    up.add_argument("--host", default="127.0.0.1")
-    up.add_argument("--port", type=int, default=8000)
-    up.add_argument("--model", default=None, help="model to serve (default INFERQ_MODEL)")
-
-    api = sub.add_parser("api", help="the HTTP front end against INFERQ_REDIS_URL")
-    api.add_argument("--host", default="127.0.0.1")
-    api.add_argument("--port", type=int, default=8000)
-
-    worker = sub.add_parser("worker", help="one device-owning worker against INFERQ_REDIS_URL")
-    worker.add_argument("--model", default=None, help="model to serve (default INFERQ_MODEL)")
-    # These two parse their own options (`inferq bench --help`, `inferq calibrate --help`).
-    sub.add_parser(
-        "bench", help="measure inferq against the alternatives (see bench/)", add_help=False
-    )
-    sub.add_parser("calibrate", help="measure memory per padded token on a device", add_help=False)
-    return p
+app = typer.Typer(
+    help="Put a model behind an HTTP API: a FastAPI front end, Redis Streams, and one "
+    "memory-bounded microbatching worker per device.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args, rest = _parser().parse_known_args(argv)
-    if rest and args.command not in ("bench", "calibrate"):
-        _parser().error(f"unrecognized arguments: {' '.join(rest)}")
-    from inferq.shared.settings import Settings
+def _about(field: str) -> str:
+    """A setting's description, so the CLI never restates it."""
+    description = Settings.model_fields[field].description or ""
+    return f"{description} (env INFERQ_{field.upper()})"
 
+
+def _settings(**overrides: Any) -> Settings:
+    """The environment's settings with the options given on the command line on top."""
     try:
-        settings = Settings()
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:
-        print("inferq: invalid configuration:", e, sep="\n", file=sys.stderr)
-        return 2
-    if args.command == "bench":
-        from inferq.bench.main import main as bench_main
+        lines = [
+            f"  {'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
+            for err in e.errors()
+        ]
+        typer.echo("inferq: invalid configuration:\n" + "\n".join(lines), err=True)
+        raise typer.Exit(2) from None
 
-        return bench_main(rest)
-    if args.command == "calibrate":
-        from inferq.worker.calibrate import main as calibrate_main
 
-        return calibrate_main(settings, rest)
-    if args.command == "api":
-        from inferq.api.main import main as api_main
+BUDGET_HELP = (
+    "Device memory to fit in: '6GiB', '512MiB' or a fraction ('0.8'). "
+    "Default INFERQ_MEMORY_BUDGET, else 0.8."
+)
+BUDGET_HELP = (
+    "Device memory to fit in: '6GiB', '512MiB' or a fraction ('0.8'). "
+    "Default INFERQ_MEMORY_BUDGET, else 0.8."
+)
+Host = Annotated[str, typer.Option(help="Address the API listens on.")]
+Port = Annotated[int, typer.Option(help="Port the API listens on.")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help=_about("model"))]
 
-        return api_main(settings, args.host, args.port)
-    if args.command == "worker":
-        from inferq.worker.main import main as worker_main
 
-        return worker_main(settings, args.model)
+@app.command()
+def up(host: Host = "127.0.0.1", port: Port = 8000, model: ModelOpt = None) -> None:
+    """Redis (unless INFERQ_REDIS_URL is set) + one worker + the API, supervised until Ctrl-C."""
     from inferq.up import run_up
 
+    settings = _settings(model=model)
     explicit_redis = "INFERQ_REDIS_URL" in os.environ
-    return run_up(
-        host=args.host,
-        port=args.port,
-        model=args.model,
-        data_dir=Path(settings.data_dir),
-        redis_url=settings.redis_url.get_secret_value() if explicit_redis else None,
+    redis_url = settings.redis_url.get_secret_value() if explicit_redis else None
+    code = run_up(
+        host=host, port=port, model=model, data_dir=Path(settings.data_dir), redis_url=redis_url
     )
+    raise typer.Exit(code)
+
+
+@app.command()
+def api(host: Host = "127.0.0.1", port: Port = 8000) -> None:
+    """The HTTP front end, against INFERQ_REDIS_URL (no torch, no device)."""
+    from inferq.api.main import main as api_main
+
+    raise typer.Exit(api_main(_settings(), host, port))
+
+
+@app.command()
+def worker(model: ModelOpt = None) -> None:
+    """One device-owning worker, against INFERQ_REDIS_URL, until SIGTERM."""
+    from inferq.worker.main import main as worker_main
+
+    raise typer.Exit(worker_main(_settings(), model))
+
+
+def _ints(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise typer.BadParameter(f"want comma-separated integers, got {text!r}") from None
+
+
+@app.command()
+def calibrate(
+    model: ModelOpt = None,
+    backend: Annotated[str | None, typer.Option(help=_about("backend"))] = None,
+    onnx_variant: Annotated[str | None, typer.Option(help=_about("onnx_variant"))] = None,
+    device: Annotated[str | None, typer.Option(help=_about("device"))] = None,
+    budget: Annotated[str | None, typer.Option(help=BUDGET_HELP)] = None,
+    margin: Annotated[float, typer.Option(help="Safety factor in (0, 1].")] = 0.9,
+    lengths: Annotated[
+        str | None, typer.Option(help="Item costs to probe, e.g. 16,64,256.")
+    ] = None,
+    batch_sizes: Annotated[str | None, typer.Option(help="Batch sizes, e.g. 1,4,16,32.")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="Largest padded probe.")] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed runs per probe (median).")] = 3,
+    time_limit_s: Annotated[float, typer.Option(help="Probing stops within this.")] = 80.0,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Measure memory per cost unit on a device and turn a budget into the batch ceiling."""
+    from inferq.shared.logs import setup_logging
+    from inferq.worker.calibrate import CalibrateOptions, format_table
+    from inferq.worker.calibrate import calibrate as run
+    from inferq.worker.calibration import DEFAULT_BUDGET
+
+    settings = _settings(model=model, backend=backend, onnx_variant=onnx_variant, device=device)
+    setup_logging(settings.log_level, settings.log_format)
+    options = CalibrateOptions(
+        budget=budget or settings.memory_budget or DEFAULT_BUDGET, margin=margin,
+        lengths=_ints(lengths), batch_sizes=_ints(batch_sizes), max_tokens=max_tokens,
+        repeats=repeats, time_limit_s=time_limit_s, progress=progress,
+    )  # fmt: skip
+    try:
+        cal, path = run(settings, options)
+    except ValueError as e:
+        typer.echo(f"inferq calibrate: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(format_table(cal))
+    typer.echo(f"written to {path}")
+
+
+@app.command()
+def bench(
+    corpus: Annotated[
+        str, typer.Option(help="Comma-separated corpora: short, mixed.")
+    ] = "short,mixed",
+    concurrency: Annotated[str, typer.Option(help="Closed-loop client counts.")] = "1,8,32,128",
+    duration: Annotated[float, typer.Option(help="Measured seconds per point.")] = 6.0,
+    warmup: Annotated[float, typer.Option(help="Unmeasured seconds before each point.")] = 1.0,
+    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
+    backend: Annotated[str, typer.Option(help="torch | onnx")] = "torch",
+    repeat: Annotated[int, typer.Option(min=1, help="Runs; the table shows medians.")] = 1,
+    systems: Annotated[str | None, typer.Option(help="Subset of the systems to run.")] = None,
+    env: Annotated[
+        list[str] | None, typer.Option(help="KEY=VALUE for every server process (repeatable).")
+    ] = None,
+    quick: Annotated[bool, typer.Option(help="Smoke run: 1,8,32 clients, 2 s points.")] = False,
+    out: Annotated[str | None, typer.Option(help="Results directory.")] = None,
+    docs: Annotated[
+        str | None, typer.Option(help="Where benchmarks.md/png go ('' = skip).")
+    ] = None,
+) -> None:
+    """Measure inferq beside the model alone, the plain FastAPI pattern and LitServe, one run."""
+    from inferq.bench.main import ALL_SYSTEMS, DEFAULT_DOCS, DEFAULT_OUT, BenchOptions
+    from inferq.bench.main import main as run
+
+    options = BenchOptions(
+        corpus=corpus, concurrency=concurrency, duration=duration, warmup=warmup, device=device,
+        backend=backend, repeat=repeat, systems=systems or ALL_SYSTEMS, env=tuple(env or ()),
+        quick=quick, out=DEFAULT_OUT if out is None else out,
+        docs=DEFAULT_DOCS if docs is None else docs,
+    )  # fmt: skip
+    raise typer.Exit(run(options, sys.argv[2:]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point (`inferq`, `python -m inferq.cli`); returns the exit code."""
+    try:
+        app(args=argv, prog_name="inferq")  # standalone: usage errors print, then exit
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
 
 
 if __name__ == "__main__":

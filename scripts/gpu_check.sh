@@ -37,7 +37,7 @@ free_port() { "$PY" -c 'from inferq.redis_server import free_port; print(free_po
 
 calibrate() {  # $1 = backend
   echo "=== calibrate minilm/$1/$DEVICE, budget $BUDGET ==="
-  timeout 170 "$PY" -c 'import sys; from inferq.shared.settings import Settings; from inferq.worker.calibrate import main; sys.exit(main(Settings(), sys.argv[1:]))' \
+  timeout 170 "$PY" -m inferq.cli calibrate \
     --model minilm --backend "$1" --device "$DEVICE" --budget "$BUDGET" --time-limit-s 100 --no-progress \
     2> >(grep -v "Loading weights" >&2) || echo "calibrate $1 failed (rc=$?)"
 }

@@ -45,10 +45,3 @@ def stack(redis_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Ite
     if failed is not None and failed.failed:
         print(s.logs())
     s.close()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
-    outcome = yield
-    rep = outcome.get_result()
-    setattr(item, f"rep_{rep.when}", rep)

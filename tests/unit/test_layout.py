@@ -47,7 +47,9 @@ GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_modules_stay_small(name: str) -> None:
     lines = len(MODULES[name].read_text().splitlines())
-    assert lines <= MAX_LINES, f"{name} has {lines} lines (> {MAX_LINES}): split it by responsibility"
+    assert lines <= MAX_LINES, (
+        f"{name} has {lines} lines (> {MAX_LINES}): split it by responsibility"
+    )
 
 
 def test_no_import_cycles() -> None:
@@ -59,7 +61,7 @@ def test_no_import_cycles() -> None:
         stack.append(n)
         for m in sorted(GRAPH[n]):
             if state.get(m) == 1:
-                cycle = stack[stack.index(m) :] + [m]
+                cycle = [*stack[stack.index(m) :], m]
                 raise AssertionError("import cycle: " + " -> ".join(cycle))
             if m not in state:
                 visit(m)
