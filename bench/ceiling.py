@@ -40,7 +40,7 @@ def _single(model: Any, texts: list[str], duration_s: float) -> dict[str, float]
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < duration_s and len(lat) < len(texts) * 10:
         s = time.perf_counter()
-        model.run([p.payload for p in model.prepare([texts[len(lat) % len(texts)]])])
+        model.run([p.payload for p in model.prepare_texts([texts[len(lat) % len(texts)]])])
         lat.append((time.perf_counter() - s) * 1000)
     return stats.summarize(lat, time.perf_counter() - t0, 0) | {
         "mean_batch": 1.0,
@@ -102,7 +102,7 @@ def measure(corpus_name: str, duration_s: float) -> list[dict[str, Any]]:
     model = from_env()
     model_run = model.run
     texts = corpus.load(corpus_name)
-    payloads = [p.payload for p in model.prepare(texts)]
+    payloads = [p.payload for p in model.prepare_texts(texts)]
     model.run(payloads[:8])  # warm-up: first call allocates
     single = _single(model, texts, duration_s)
     best: dict[str, Any] = {}

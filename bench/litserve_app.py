@@ -25,7 +25,7 @@ class MiniLMApi(ls.LitAPI):
         return str(request["input"])
 
     def predict(self, texts: list[str]) -> Any:
-        return self.model.run([p.payload for p in self.model.prepare(list(texts))])
+        return self.model.run([p.payload for p in self.model.prepare_texts(list(texts))])
 
     def encode_response(self, output: Any) -> dict[str, Any]:
         return {"status": "succeeded", "output": output.tolist()}

@@ -48,7 +48,7 @@ async def infer(body: Body) -> dict[str, Any]:
     outputs = []
     for text in texts:
         async with app.state.sem:
-            items = model.prepare([text])
+            items = model.prepare_texts([text])
             out = await asyncio.to_thread(model.run, [p.payload for p in items])
         outputs.append(out[0].tolist())
     return {"status": "succeeded", "outputs": outputs}

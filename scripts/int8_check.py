@@ -25,14 +25,14 @@ def main() -> None:
     ref.load("cpu")
     want = np.concatenate(
         [
-            ref.run([p.payload for p in ref.prepare(texts[i : i + BATCH])])
+            ref.run([p.payload for p in ref.prepare_texts(texts[i : i + BATCH])])
             for i in range(0, N, BATCH)
         ]
     )
     for variant in ("fp32", "int8"):
         m = MiniLMOnnx(variant=variant, cache_dir=Path(".inferq/onnx"))
         m.load("cpu")
-        items = [p.payload for p in m.prepare(texts)]
+        items = [p.payload for p in m.prepare_texts(texts)]
         order = sorted(range(N), key=lambda i: len(items[i]))
         m.run(items[:BATCH])  # warm up
         got = np.empty((N, m.dim), np.float32)

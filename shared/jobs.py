@@ -2,8 +2,12 @@
 
 A job is stored as a Redis hash whose field values are each msgpack-encoded, so Lua
 scripts can read single fields (`cmsgpack.unpack`) and a worker can update a few fields
-without rewriting the record. Outputs travel as raw float32 bytes with dtype and shape
-beside them, never as nested lists.
+without rewriting the record.
+
+Inputs are msgpack values: a str is a text; `{"image": <bin>}` carries an encoded image's
+bytes as they were uploaded (never base64 inside Redis); `{"tensor": {"dtype", "shape",
+"data": <bin>}}` a raw array. Outputs are either vectors, as raw float32 bytes with dtype and
+shape beside them (never nested lists), or `{"items": [...]}`: one msgpack value per input.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ __all__ = [
     "decode_job",
     "encode_final",
     "encode_submit",
+    "input_bytes",
     "new_job_id",
     "now_ms",
     "pack_field",
+    "plain",
 ]
 
 
@@ -58,7 +64,7 @@ class JobError:
 class Job:
     id: str
     model: str
-    inputs: list[str]
+    inputs: list[Any]  # see the module docstring for the three shapes
     status: Status = Status.QUEUED
     tenant: str = ""
     priority: str = "normal"
@@ -68,7 +74,8 @@ class Job:
     started_ms: int | None = None
     finished_ms: int | None = None
     attempts: int = 0
-    outputs: np.ndarray | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    outputs: np.ndarray | list[Any] | None = None
     error: JobError | None = None
     batch_size: int = 0
     batch_tokens: int = 0
@@ -93,13 +100,43 @@ def _unpack(raw: bytes) -> Any:
     return msgpack.unpackb(raw, raw=False)
 
 
-def encode_outputs(outputs: np.ndarray) -> dict[str, Any]:
-    arr = np.ascontiguousarray(outputs, dtype=np.float32)
-    return {"dtype": "float32", "shape": list(arr.shape), "data": arr.tobytes()}
+def input_bytes(value: Any) -> int:
+    """What one input weighs in Redis (text as UTF-8; images and tensors by their bytes)."""
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, dict):
+        if isinstance(value.get("image"), bytes):
+            return len(value["image"])
+        tensor = value.get("tensor")
+        if isinstance(tensor, dict) and isinstance(tensor.get("data"), bytes):
+            return len(tensor["data"])
+    return 0
 
 
-def decode_outputs(value: dict[str, Any]) -> np.ndarray:
+def plain(value: Any) -> Any:
+    """`value` with numpy arrays and scalars turned into lists and Python numbers."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def encode_outputs(outputs: np.ndarray | list[Any]) -> dict[str, Any]:
+    if isinstance(outputs, np.ndarray):
+        arr = np.ascontiguousarray(outputs, dtype=np.float32)
+        return {"dtype": "float32", "shape": list(arr.shape), "data": arr.tobytes()}
+    return {"items": plain(outputs)}
+
+
+def decode_outputs(value: dict[str, Any]) -> np.ndarray | list[Any]:
     try:
+        if "items" in value:
+            return list(value["items"])
         arr = np.frombuffer(value["data"], dtype=np.dtype(value["dtype"]))
         return arr.reshape(value["shape"])
     except (KeyError, TypeError, ValueError) as e:
@@ -116,7 +153,9 @@ def encode_submit(job: Job) -> dict[str, bytes]:
         F.PRIORITY: _pack(job.priority),
         F.STATUS: _pack(str(job.status)),
         F.INPUTS: _pack(job.inputs),
+        F.PARAMETERS: _pack(job.parameters),
         F.ITEMS: _pack(len(job.inputs)),
+        F.BYTES: _pack(sum(input_bytes(v) for v in job.inputs)),
         F.CREATED_MS: _pack(job.created_ms),
         F.DEADLINE_MS: _pack(job.deadline_ms),
         F.ATTEMPTS: _pack(job.attempts),
@@ -127,7 +166,7 @@ def encode_final(
     status: Status,
     *,
     finished_ms: int,
-    outputs: np.ndarray | None = None,
+    outputs: np.ndarray | list[Any] | None = None,
     error: JobError | None = None,
     batch_size: int = 0,
     batch_tokens: int = 0,
@@ -178,6 +217,7 @@ def decode_job(raw: dict[bytes, bytes]) -> Job:
             started_ms=f.get(F.STARTED_MS),
             finished_ms=f.get(F.FINISHED_MS),
             attempts=f.get(F.ATTEMPTS, 0),
+            parameters=f.get(F.PARAMETERS) or {},
             outputs=None if outputs is None else decode_outputs(outputs),
             error=None if err is None else JobError(_code(err["code"]), err["message"]),
             batch_size=f.get(F.BATCH_SIZE, 0),

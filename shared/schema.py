@@ -52,8 +52,10 @@ class JobField(StrEnum):
     TENANT = "tenant"
     PRIORITY = "priority"
     STATUS = "status"
-    INPUTS = "inputs"
+    INPUTS = "inputs"  # list: a str (text), {"image": bin} or {"tensor": {dtype, shape, data}}
+    PARAMETERS = "parameters"  # per-request parameters for the model (a map)
     ITEMS = "items"  # number of inputs: what the job counts against the admission cap
+    BYTES = "bytes"  # size of the inputs: what it counts against the queue's byte cap
     CREATED_MS = "created_ms"
     DEADLINE_MS = "deadline_ms"
     ATTEMPTS = "attempts"  # device starts, counted on the broker

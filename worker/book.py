@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from inferq.shared.jobs import ErrorCode, JobError, Status, encode_final
+from inferq.shared.jobs import ErrorCode, JobError, Status, encode_final, plain
 from inferq.shared.queue import Final
 from inferq.worker.batcher import Item
 from inferq.worker.clock import Clock
@@ -28,11 +28,15 @@ from inferq.worker.telemetry import Telemetry
 log = logging.getLogger("inferq.worker")
 
 
-def _stacked(outputs: list[Any]) -> np.ndarray:
-    """A job's outputs as one float32 array (the vector fast path: raw bytes on the wire)."""
-    if not outputs:
-        return np.empty((0, 0), dtype=np.float32)
-    return np.stack([np.asarray(o, dtype=np.float32) for o in outputs])
+def job_outputs(outputs: list[Any]) -> np.ndarray | list[Any]:
+    """A job's outputs: vectors of one width as one float32 array (the fast path: raw bytes
+    on the wire), anything else as a list of plain values, one per input."""
+    vectors = outputs and all(
+        isinstance(o, np.ndarray) and o.ndim == 1 and o.dtype.kind == "f" for o in outputs
+    )
+    if vectors and len({o.shape[0] for o in outputs}) == 1:
+        return np.stack(outputs).astype(np.float32, copy=False)
+    return [plain(o) for o in outputs]
 
 
 class Book:
@@ -79,7 +83,7 @@ class Book:
         self.stats.on_job(final, error)
         end = self.clock.now_ms()
         fields = encode_final(
-            final, finished_ms=end, outputs=_stacked(state.outputs) if error is None else None,
+            final, finished_ms=end, outputs=job_outputs(state.outputs) if error is None else None,
             error=error, batch_size=state.batch_size, batch_tokens=state.batch_tokens,
         )  # fmt: skip
         self.telemetry.on_final(state.job, final, end)

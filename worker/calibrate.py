@@ -51,37 +51,24 @@ from inferq.worker.memory import (
     reset_peak_rss,
     rss_bytes,
 )
+from inferq.worker.models.base import probe_inputs
 
 log = logging.getLogger("inferq.worker")
 
+
 # --- probing ---
-_WORDS = [
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "a",
-    "lazy",
-    "dog",
-    "while",
-    "seven",
-    "tired",
-    "cats",
-    "watch",
-]
-
-
 def _payload_for_cost(model: Any, target: int) -> tuple[Any, int]:
     """A prepared payload whose cost is as close to `target` as the model allows."""
 
     def cost(n: int) -> tuple[Any, int]:
-        p = model.prepare([" ".join(_WORDS[i % len(_WORDS)] for i in range(n))])[0]
+        probe = probe_inputs(model, n)
+        if probe is None:
+            raise ValueError(f"{type(model).__name__} has no probe_inputs(cost): cannot probe it")
+        p = model.prepare(*probe)[0]
         return p.payload, p.cost
 
     lo, hi = 1, max(2, 2 * target)
-    while lo < hi:  # smallest word count whose cost reaches target (cost grows with words)
+    while lo < hi:  # smallest request whose cost reaches target (cost grows with the request)
         mid = (lo + hi) // 2
         if cost(mid)[1] >= target:
             hi = mid
@@ -235,7 +222,7 @@ def calibrate(settings: Settings, args: CalibrateOptions) -> tuple[Calibration, 
     model = build_model(spec, settings)
     model.load(device)
     load_peak = meter.peak()
-    model.run([p.payload for p in model.prepare(["inferq warm-up"])])
+    model.run([_payload_for_cost(model, 8)[0]])
     steady = meter.now()
 
     max_cost = getattr(model, "max_cost", None)

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from inferq.shared.jobs import ErrorCode, Job, JobError, Status
 from inferq.shared.queue import Entry, JobQueue
@@ -28,7 +29,15 @@ from inferq.shared.settings import Settings
 from inferq.worker.batcher import Item
 from inferq.worker.clock import Clock
 from inferq.worker.lanes import lane_order
-from inferq.worker.models.base import Model, ModelError, Prepared
+from inferq.worker.models.base import (
+    Input,
+    InputKind,
+    InvalidInput,
+    Model,
+    ModelError,
+    Prepared,
+    Tensor,
+)
 from inferq.worker.state import JobState, Work
 
 log = logging.getLogger("inferq.worker")
@@ -184,7 +193,35 @@ class Intake:
         out: list[list[Prepared] | JobError] = []
         for _, job in ready:
             try:
-                out.append(_checked(self.model.prepare(job.inputs), len(job.inputs)))
+                inputs = typed_inputs(job.inputs, self.model.inputs)
+                prepared = self.model.prepare(inputs, job.parameters)
+                out.append(_checked(prepared, len(job.inputs)))
+            except InvalidInput as e:  # undecodable, too large, a bad parameter value...
+                out.append(JobError(ErrorCode.INVALID_INPUT, str(e)))
             except Exception as e:  # a bad input fails its own job before it reaches a batch
                 out.append(JobError(ErrorCode.MODEL_ERROR, f"{type(e).__name__}: {e}"))
         return out
+
+
+def typed_inputs(raw: list[Any], accepted: frozenset[InputKind]) -> list[Input]:
+    """A job's inputs as the model sees them (see `inferq.shared.jobs` for the wire shapes)."""
+    out = []
+    for i, value in enumerate(raw):
+        if isinstance(value, str):
+            item = Input(InputKind.TEXT, value)
+        elif isinstance(value, dict) and isinstance(value.get("image"), bytes):
+            item = Input(InputKind.IMAGE, value["image"])
+        elif isinstance(value, dict) and isinstance(t := value.get("tensor"), dict):
+            try:
+                item = Input(
+                    InputKind.TENSOR, Tensor(str(t["dtype"]), tuple(t["shape"]), t["data"])
+                )
+            except (KeyError, TypeError) as e:
+                raise InvalidInput(i, f"malformed tensor: {e}") from e
+        else:
+            raise InvalidInput(i, f"unknown input shape {type(value).__name__}")
+        if item.kind not in accepted:
+            kinds = ", ".join(sorted(accepted))
+            raise InvalidInput(i, f"{item.kind} input, but this model takes {kinds}")
+        out.append(item)
+    return out

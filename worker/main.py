@@ -18,7 +18,7 @@ from inferq.shared.redis_conn import worker_client
 from inferq.shared.settings import ModelSpec, Settings
 from inferq.worker.calibration import backend_key, load_calibration
 from inferq.worker.calibration import resolve_ceiling as from_calibration
-from inferq.worker.models.base import Model
+from inferq.worker.models.base import Model, probe_inputs
 from inferq.worker.models.registry import build_model
 from inferq.worker.plan import resolve_device, settle_plan, thread_plan
 from inferq.worker.runtime import Worker
@@ -41,7 +41,8 @@ def load_model(
     model = build_model(spec, settings, intra_op_threads=intra_op_threads)
     model.load(device)
     # Warm up once so the first user request does not pay for allocator growth.
-    model.run([p.payload for p in model.prepare(["inferq warm-up"])])
+    if (probe := probe_inputs(model, 8)) is not None:
+        model.run([p.payload for p in model.prepare(*probe)])
     log.info(
         "loaded model=%s target=%s device=%s in %.1fs",
         spec.name,

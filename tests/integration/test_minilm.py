@@ -29,7 +29,7 @@ def model() -> MiniLM:
 
 
 def embed(model: MiniLM, texts: Sequence[str]) -> np.ndarray:
-    return model.run([p.payload for p in model.prepare(list(texts))])
+    return model.run([p.payload for p in model.prepare_texts(list(texts))])
 
 
 def test_protocol_and_shape(model: MiniLM) -> None:
@@ -65,12 +65,12 @@ def test_batch_equals_one_by_one(model: MiniLM) -> None:
 
 
 def test_truncation_and_costs(model: MiniLM) -> None:
-    items = model.prepare(["", "hi", LONG, "hi there"])
+    items = model.prepare_texts(["", "hi", LONG, "hi there"])
     assert [p.cost for p in items] == [2, 3, 256, 4]
     assert all(p.cost == len(p.payload) for p in items)
     # One item per input, in order: each payload matches preparing its input alone.
     for text, item in zip(["", "hi", LONG, "hi there"], items, strict=True):
-        assert list(model.prepare([text])[0].payload) == list(item.payload)
+        assert list(model.prepare_texts([text])[0].payload) == list(item.payload)
 
 
 def test_empty_batch(model: MiniLM) -> None:

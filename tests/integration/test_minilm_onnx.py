@@ -26,7 +26,7 @@ TEXTS = [
 
 
 def embed(model: MiniLM | MiniLMOnnx, texts: list[str]) -> np.ndarray:
-    return model.run([p.payload for p in model.prepare(texts)])
+    return model.run([p.payload for p in model.prepare_texts(texts)])
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_ort_allocation_failure_is_device_oom(fp32: MiniLMOnnx) -> None:
         def run(self, *args: object) -> None:
             raise self.exc
 
-    payload = fp32.prepare(["hi"])[0].payload
+    payload = fp32.prepare_texts(["hi"])[0].payload
     real = fp32._session
     try:
         for exc in (

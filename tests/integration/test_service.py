@@ -225,6 +225,6 @@ def test_minilm_through_the_whole_stack(stack: Stack) -> None:
     got = np.array(r.json()["outputs"], dtype=np.float32)
     model = MiniLM()
     model.load("cpu")
-    want = model.run([p.payload for p in model.prepare(texts)])
+    want = model.run([p.payload for p in model.prepare_texts(texts)])
     assert got.shape == (3, 384)
     np.testing.assert_allclose(got, want, atol=1e-5)

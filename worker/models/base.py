@@ -1,25 +1,89 @@
-"""The model protocol: the one seam between the worker and whatever it serves.
+"""The model protocol (v2): the one seam between the worker and whatever it serves.
 
-A model is loaded once per worker process (`load(device)`), turns a job's inputs into
-items that carry a token cost (`prepare`), and runs a batch of prepared items
-(`run`), returning exactly one float32 vector per item, in order.
+A model declares what it takes and gives:
 
-`prepare` runs on the event loop thread when a job is read (tokenising there means a
-bad input fails its job before it can reach a batch); `run` runs in the worker's single
-inference thread. Neither may touch Redis.
+- `inputs`: the input kinds it accepts (`text`, `image`, `tensor`);
+- `output`: the kind of each output (`vector`, `labels`, `boxes`, `text`, `any`);
+- `parameters`: the per-request parameters it understands, name → one-line description
+  (the API refuses any other name with 422; the model validates the values);
+- `max_cost`: the largest cost one item can have (inputs past it are truncated), or None;
+- `default_batch_cost`: the batch bound in its cost units when neither a calibration nor
+  `INFERQ_MAX_BATCH_TOKENS` sets one (None: that setting's default).
+
+It is loaded once per worker (`load(device)`), turns one job's typed inputs and parameters
+into items that each carry a **cost** (`prepare`): the unit device memory grows with, e.g.
+tokens for text, pixels after the model's resize for images, prompt + new tokens for
+generation. A batch's padded cost is items × the largest cost; the batch bound, the
+calibration and the out-of-memory ceiling all work in it. `run` takes the payloads of one
+batch and returns one output per item, in order: a float32 array of shape (n, dim) for
+vectors (sent as raw bytes), or a list of any msgpack-able values (lists of
+`{label, index, score}`, of boxes, strings...).
+
+`prepare` runs in the worker's prepare thread, `run` in its model threads; neither may touch
+Redis, and either may raise `InvalidInput(index, why)` to fail only its own job with
+`invalid_input`. Version 1 models (`dim`, `prepare(texts)`, vectors out) still work: the
+registry wraps them in `LegacyModel`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 
+class InputKind(StrEnum):
+    TEXT = "text"
+    IMAGE = "image"  # encoded bytes (JPEG, PNG, WebP), decoded by the model's prepare
+    TENSOR = "tensor"  # raw array: dtype, shape and little-endian bytes
+
+
+class OutputKind(StrEnum):
+    VECTOR = "vector"  # float32, one row per item
+    LABELS = "labels"  # [{"label", "index", "score"}, ...] per item, best first
+    BOXES = "boxes"  # [{"box": [x0, y0, x1, y1], "label", "score"}, ...] per item
+    TEXT = "text"  # a string per item
+    ANY = "any"  # any msgpack-able value
+
+
+#: dtypes a tensor input may carry (what numpy reads from bytes without surprises).
+TENSOR_DTYPES = frozenset(
+    {"float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+    def array(self) -> np.ndarray:
+        """The tensor as a read-only numpy array (little-endian, as the wire carries it)."""
+        return np.frombuffer(self.data, dtype=np.dtype(self.dtype).newbyteorder("<")).reshape(
+            self.shape
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    """One input of a job, typed: `value` is a str (text), bytes (image) or a Tensor."""
+
+    kind: InputKind
+    value: str | bytes | Tensor
+
+    @property
+    def text(self) -> str:
+        assert isinstance(self.value, str)
+        return self.value
+
+
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """One input, ready to batch: `cost` is what it adds to a batch's padded length."""
+    """One input, ready to batch: `cost` is what it adds to a batch's padded cost."""
 
     cost: int
     payload: Any
@@ -27,6 +91,15 @@ class Prepared:
 
 class ModelError(Exception):
     """The model refused or failed on specific input; fails only the jobs involved."""
+
+
+class InvalidInput(ModelError):
+    """Input `index` of a job cannot be used (undecodable, too many pixels, a bad parameter
+    value, ...): that job alone fails with `invalid_input`, naming the index."""
+
+    def __init__(self, index: int | None, message: str) -> None:
+        super().__init__(message if index is None else f"input {index}: {message}")
+        self.index = index
 
 
 class DeviceOutOfMemory(Exception):
@@ -47,20 +120,89 @@ def is_oom(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and any(t in text for t in _OOM_TEXT)
 
 
+def unknown_parameters(parameters: Mapping[str, Any], known: Mapping[str, str]) -> list[str]:
+    return sorted(set(parameters) - set(known))
+
+
+def int_parameter(
+    parameters: Mapping[str, Any], name: str, default: int, low: int, high: int
+) -> int:
+    """`parameters[name]` as an int in [low, high], or InvalidInput naming the problem."""
+    value = parameters.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidInput(None, f"parameter {name}={value!r}: want an integer in [{low}, {high}]")
+    return value
+
+
 @runtime_checkable
 class Model(Protocol):
-    """What the worker needs from a model. See `inferq.worker.models.echo.EchoModel` for the smallest one."""
+    """What the worker needs from a model. `inferq.worker.models.echo.EchoModel` is the
+    smallest one; `tests/fixtures/models.py` has a detector-shaped one."""
 
-    #: Width of each output vector.
-    dim: int
-    #: Longest cost a single item can have (inputs past it are truncated), or None if unbounded.
+    inputs: frozenset[InputKind]
+    output: OutputKind
+    parameters: Mapping[str, str]
     max_cost: int | None
+    default_batch_cost: int | None
 
     def load(self, device: str) -> None:
         """Load weights onto `device` ("cpu", "cuda", "cuda:1"). Called once, before anything else."""
 
-    def prepare(self, inputs: list[str]) -> list[Prepared]:
-        """Turn one job's inputs into items, one per input, in order. May raise ModelError."""
+    def prepare(self, inputs: list[Input], parameters: Mapping[str, Any]) -> list[Prepared]:
+        """One job's inputs as items, one per input, in order. May raise InvalidInput."""
 
-    def run(self, batch: list[Any]) -> np.ndarray:
-        """Run a batch of `Prepared.payload`s; return float32 of shape (len(batch), dim)."""
+    def run(self, batch: list[Any]) -> Sequence[Any] | np.ndarray:
+        """Run a batch of `Prepared.payload`s; one output per payload, in order."""
+
+
+def probe_inputs(model: Any, cost: int) -> tuple[list[Input], dict[str, Any]] | None:
+    """An input of about `cost` units and its parameters, for warm-up and calibration: the
+    model's own `probe_inputs`, or words for a text model; None if neither applies."""
+    own = getattr(model, "probe_inputs", None)
+    if own is not None:
+        return own(cost)  # type: ignore[no-any-return]
+    if InputKind.TEXT in getattr(model, "inputs", ()):
+        return TextModel.probe_inputs(model, cost)
+    return None
+
+
+class TextModel:
+    """Defaults for a model that takes text and gives vectors (override what differs)."""
+
+    inputs: frozenset[InputKind] = frozenset({InputKind.TEXT})
+    output: OutputKind = OutputKind.VECTOR
+    parameters: Mapping[str, str] = {}
+    max_cost: int | None = None
+    default_batch_cost: int | None = None
+
+    @staticmethod
+    def texts(inputs: list[Input]) -> list[str]:
+        return [i.text for i in inputs]
+
+    def prepare(self, inputs: list[Input], parameters: Mapping[str, Any]) -> list[Prepared]:
+        raise NotImplementedError
+
+    def prepare_texts(self, texts: list[str]) -> list[Prepared]:
+        """`prepare` for plain strings and no parameters (benchmarks, warm-up, calibration)."""
+        return self.prepare([Input(InputKind.TEXT, t) for t in texts], {})
+
+    def probe_inputs(self, cost: int) -> tuple[list[Input], dict[str, Any]]:
+        """An input of about `cost` units, for `inferq calibrate` (text: that many words)."""
+        words = [
+            "the",
+            "quick",
+            "brown",
+            "fox",
+            "jumps",
+            "over",
+            "a",
+            "lazy",
+            "dog",
+            "while",
+            "seven",
+            "tired",
+            "cats",
+            "watch",
+        ]
+        text = " ".join(words[i % len(words)] for i in range(max(1, cost)))
+        return [Input(InputKind.TEXT, text)], {}

@@ -17,12 +17,21 @@ from __future__ import annotations
 import json
 import logging
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from inferq.worker.models.base import DeviceOutOfMemory, ModelError, Prepared
+from inferq.worker.models.base import (
+    DeviceOutOfMemory,
+    Input,
+    InvalidInput,
+    ModelError,
+    Prepared,
+    TextModel,
+    unknown_parameters,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -84,7 +93,7 @@ def pad_batch(batch: list[Any], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     return ids, mask
 
 
-class MiniLM:
+class MiniLM(TextModel):
     """The `Model` protocol over a local sentence-transformers style BERT model."""
 
     def __init__(
@@ -145,7 +154,7 @@ class MiniLM:
     def _trace(self, eager: torch.nn.Module) -> torch.nn.Module:
         import torch
 
-        probe = [p.payload for p in self.prepare(_PROBE)]
+        probe = [p.payload for p in self.prepare_texts(_PROBE)]
         ids, mask = self._tensors(probe)
         try:
             with warnings.catch_warnings(), torch.inference_mode():
@@ -156,7 +165,7 @@ class MiniLM:
                 # transformers' deprecation notices that only tracing reaches.
                 warnings.simplefilter("ignore")
                 traced = torch.jit.freeze(torch.jit.trace(eager, (ids, mask), check_trace=False))
-                check = [p.payload for p in self.prepare([_PROBE[1], "three", _PROBE[0]])]
+                check = [p.payload for p in self.prepare_texts([_PROBE[1], "three", _PROBE[0]])]
                 want, got = eager(*self._tensors(check)), traced(*self._tensors(check))
                 diff = float((want - got).abs().max())
         except Exception as e:  # an unusual architecture: eager still works
@@ -177,10 +186,12 @@ class MiniLM:
             torch.from_numpy(mask).to(self._device, dtype=torch.long),
         )
 
-    def prepare(self, inputs: list[str]) -> list[Prepared]:
+    def prepare(self, inputs: list[Input], parameters: Mapping[str, Any]) -> list[Prepared]:
         if self._tokenizer is None:
             raise RuntimeError("MiniLM.prepare called before load()")
-        return encode(self._tokenizer, inputs)
+        if unknown := unknown_parameters(parameters, self.parameters):
+            raise InvalidInput(None, f"unknown parameters {unknown}")
+        return encode(self._tokenizer, self.texts(inputs))
 
     def run(self, batch: list[Any]) -> np.ndarray:
         import torch

