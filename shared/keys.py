@@ -12,6 +12,8 @@
 | `workers(model)`       | zset    | member = worker id, score = beat expiry ms  |
 | `worker(worker_id)`    | hash    | heartbeat record, TTL `heartbeat_ttl_s`     |
 | `dead(model)`          | stream  | dead-lettered entries                       |
+| `model_info(model)`    | hash    | what the model takes and gives (its workers write it at start; no TTL) |
+| `queued_bytes(model)`  | string  | counter: input bytes accepted and not yet final |
 """
 
 from __future__ import annotations
@@ -38,6 +40,16 @@ def streams(model: str) -> list[str]:
 def queued_items(model: str) -> str:
     """Items accepted for `model` and not yet final: the admission counter."""
     return f"{PREFIX}:{model}:queued_items"
+
+
+def queued_bytes(model: str) -> str:
+    """Input bytes accepted for `model` and not yet final: the byte admission counter."""
+    return f"{PREFIX}:{model}:queued_bytes"
+
+
+def model_info(model: str) -> str:
+    """What `model` accepts and returns, as its workers declare it (`registry.ModelInfo`)."""
+    return f"{PREFIX}:{model}:info"
 
 
 def idempotency(tenant: str, key_hash: str) -> str:

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from inferq.shared import keys, scripts
-from inferq.shared.jobs import Job, decode_job, encode_submit, pack_field
+from inferq.shared.jobs import Job, decode_job, encode_submit, input_bytes, pack_field
 from inferq.shared.redis_conn import unavailable
 from inferq.shared.schema import ENTRY_JOB
 
@@ -45,7 +45,8 @@ class Final:
 
 @dataclass(slots=True)
 class Submitted:
-    """What `submit` did: `created`, or `duplicate` of `job_id`, or `full` at `depth`."""
+    """What `submit` did: `created`, or `duplicate` of `job_id`, or refused: `full` (items
+    queued = `depth`) or `full_bytes` (bytes queued = `depth`)."""
 
     outcome: str
     job_id: str = ""
@@ -81,17 +82,22 @@ class JobQueue:
         job: Job,
         *,
         max_queue: int = 2**62,
+        max_bytes: int = 2**62,
         idempotency_key: str | None = None,
         idempotency_ttl_s: int = 86_400,
     ) -> Submitted:
         """Admit, record and enqueue atomically (retry-safe: keyed by job id / idempotency key)."""
-        argv: list[bytes | str | int] = [job.id, len(job.inputs), max_queue, idempotency_ttl_s]
+        size = sum(input_bytes(v) for v in job.inputs)
+        argv: list[bytes | str | int] = [
+            job.id, len(job.inputs), max_queue, idempotency_ttl_s, size, max_bytes,
+        ]  # fmt: skip
         for k, v in encode_submit(job).items():
             argv += [k, v]
         script_keys = [
             keys.job(job.id),
             keys.stream(job.model, job.priority),
             keys.queued_items(job.model),
+            keys.queued_bytes(job.model),
         ]
         if idempotency_key is not None:
             script_keys.append(keys.idempotency(job.tenant, idempotency_key))
@@ -102,6 +108,8 @@ class JobQueue:
             return Submitted("created", job.id, value)
         if outcome == "dup":
             return Submitted("duplicate", value)
+        if outcome == "full_bytes":
+            return Submitted("full_bytes", depth=int(value))
         return Submitted("full", depth=int(value))
 
     @unavailable
@@ -119,7 +127,7 @@ class JobQueue:
     def _finish_args(
         self, model: str, finals: Sequence[Final], only_if_queued: bool = False
     ) -> tuple[list[str], list[bytes | str | int]]:
-        script_keys = [keys.queued_items(model), keys.dead(model)]
+        script_keys = [keys.queued_items(model), keys.queued_bytes(model), keys.dead(model)]
         argv: list[bytes | str | int] = [self.result_ttl_s, "1" if only_if_queued else "0"]
         for f in finals:
             script_keys.append(keys.job(f.job_id))
@@ -139,6 +147,10 @@ class JobQueue:
     @unavailable
     async def queued_items(self, model: str) -> int:
         return int(await self.redis.get(keys.queued_items(model)) or 0)
+
+    @unavailable
+    async def queued_bytes(self, model: str) -> int:
+        return int(await self.redis.get(keys.queued_bytes(model)) or 0)
 
     @unavailable
     async def position(self, job: Job, limit: int = 1000) -> int:

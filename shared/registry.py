@@ -53,6 +53,42 @@ class WorkerBeat:
         return {f.name: str(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What a served model takes and gives, as its workers declare it at start, so the API
+    can refuse an input of the wrong kind or an unknown parameter without a device."""
+
+    inputs: tuple[str, ...]  # input kinds: text, image, tensor
+    output: str  # vector, labels, boxes, text, any
+    parameters: dict[str, str]  # name → what it does
+    max_cost: int | None = None
+
+    def to_hash(self) -> dict[str, str]:
+        return {
+            "inputs": ",".join(self.inputs),
+            "output": self.output,
+            "parameters": orjson.dumps(self.parameters).decode(),
+            "max_cost": "" if self.max_cost is None else str(self.max_cost),
+        }
+
+    @classmethod
+    def from_hash(cls, raw: Mapping[bytes | str, bytes | str]) -> ModelInfo | None:
+        f = {_text(k): _text(v) for k, v in raw.items()}
+        if "inputs" not in f:
+            return None
+        try:
+            params = orjson.loads(f.get("parameters") or "{}")
+        except orjson.JSONDecodeError:
+            params = {}
+        cost = f.get("max_cost", "")
+        return cls(
+            inputs=tuple(k for k in f["inputs"].split(",") if k),
+            output=f.get("output", "any"),
+            parameters=params if isinstance(params, dict) else {},
+            max_cost=int(cost) if cost.isdigit() else None,
+        )
+
+
 _TYPES: dict[str, str] = {f.name: str(f.type) for f in dataclasses.fields(WorkerBeat)}
 _RANK = {name: i for i, name in enumerate(_TYPES)}
 
@@ -113,6 +149,15 @@ class WorkerRegistry:
                 if ids:
                     p.xclaim(stream, keys.GROUP, beat.id, 0, list(ids), justid=True)
             await p.execute()
+
+    @unavailable
+    async def describe(self, model: str, info: ModelInfo) -> None:
+        """Declare what `model` takes and gives (every worker of it writes the same)."""
+        await self.redis.hset(keys.model_info(model), mapping=info.to_hash())  # type: ignore[arg-type]
+
+    @unavailable
+    async def model_info(self, model: str) -> ModelInfo | None:
+        return ModelInfo.from_hash(await self.redis.hgetall(keys.model_info(model)))
 
     @unavailable
     async def unregister(self, worker_id: str, model: str) -> None:

@@ -5,12 +5,13 @@ fields to their hash field names, `S` statuses to their strings, `FINAL` is the 
 statuses, `ENTRY_JOB` the stream entry's one field. Field values are msgpack (`cmsgpack` in Lua). The scripts are built only from
 these constants, never from request data (reliability guide #22).
 
-- `SUBMIT`: admission cap + idempotency key + record + stream entry, all or nothing; a no-op
-  if the job id (or the idempotency key) already exists.
+- `SUBMIT`: admission caps (items and bytes) + idempotency key + record + stream entry, all
+  or nothing; a no-op if the job id (or the idempotency key) already exists. The byte cap
+  always admits into an empty queue, so one job larger than the cap is not refused forever.
 - `CLAIM`: mark jobs running (only from queued) and read them, in one trip.
 - `START`: right before a batch, count each job's first device start (`attempts`), so a crash
   that never returns still counts; returns the live statuses.
-- `FINISH`: write the final fields, set the TTL, release the admission count, publish (and
+- `FINISH`: write the final fields, set the TTL, release the admission counts, publish (and
   dead-letter a poisoned job), unless the job is already final: a duplicate delivery after a
   crash can never clobber a result, and a job is published once.
 - `HAND_BACK`: a stopping worker re-queues a job it holds, at once, taking back the device
@@ -35,21 +36,26 @@ PRELUDE = "\n".join(
     ]
 )
 
-# KEYS: job, stream, counter[, idempotency]. ARGV: id, items, max_queue, idem_ttl_s, fields...
-# Returns {status, value}: ok → entry id; dup → existing job id; full → current depth.
+# KEYS: job, stream, item counter, byte counter[, idempotency].
+# ARGV: id, items, max_queue, idem_ttl_s, bytes, max_bytes, fields...
+# Returns {status, value}: ok → entry id; dup → existing job id; full → items queued;
+# full_bytes → bytes queued.
 SUBMIT = """
-if #KEYS == 4 then
-  local prior = redis.call('GET', KEYS[4])
+if #KEYS == 5 then
+  local prior = redis.call('GET', KEYS[5])
   if prior then return {'dup', prior} end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', ARGV[1]} end
 local depth = tonumber(redis.call('GET', KEYS[3]) or '0')
 if depth + tonumber(ARGV[2]) > tonumber(ARGV[3]) then return {'full', tostring(depth)} end
-redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+local held = tonumber(redis.call('GET', KEYS[4]) or '0')
+if held > 0 and held + tonumber(ARGV[5]) > tonumber(ARGV[6]) then return {'full_bytes', tostring(held)} end
+redis.call('HSET', KEYS[1], unpack(ARGV, 7))
 local eid = redis.call('XADD', KEYS[2], '*', ENTRY_JOB, ARGV[1])
 redis.call('HSET', KEYS[1], F.entry, cmsgpack.pack(eid))
 redis.call('INCRBY', KEYS[3], ARGV[2])
-if #KEYS == 4 then redis.call('SET', KEYS[4], ARGV[1], 'EX', ARGV[4]) end
+redis.call('INCRBY', KEYS[4], ARGV[5])
+if #KEYS == 5 then redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[4]) end
 return {'ok', eid}
 """
 
@@ -88,12 +94,13 @@ return out
 """
 
 # Final outcomes for a batch of jobs in one call (a script call costs Redis far more than
-# the writes inside it). KEYS: counter, dead-letter stream, job 1, job 2, ... ARGV: ttl_s,
+# the writes inside it). KEYS: item counter, byte counter, dead-letter stream, job 1, job 2,
+# ... ARGV: ttl_s,
 # only_if_queued (0|1), then per job: channel, dead (0|1), 2n, n field/value pairs.
 # Returns per job: 1 written, 0 already final, 2 not queued (only_if_queued), -1 no such job.
 FINISH = """
 local out, a = {}, 3
-for i = 3, #KEYS do
+for i = 4, #KEYS do
   local key, channel, dead, n = KEYS[i], ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
   local first, last = a + 3, a + 2 + n
   a = last + 1
@@ -108,12 +115,14 @@ for i = 3, #KEYS do
   else
     redis.call('HSET', key, unpack(ARGV, first, last))
     redis.call('EXPIRE', key, ARGV[1])
-    local items = redis.call('HGET', key, F.items)
-    if items then
-      if redis.call('DECRBY', KEYS[1], cmsgpack.unpack(items)) < 0 then redis.call('SET', KEYS[1], 0) end
+    for c, field in ipairs({F.items, F.bytes}) do
+      local n = redis.call('HGET', key, field)
+      if n then
+        if redis.call('DECRBY', KEYS[c], cmsgpack.unpack(n)) < 0 then redis.call('SET', KEYS[c], 0) end
+      end
     end
     if dead == '1' then
-      redis.call('XADD', KEYS[2], '*', ENTRY_JOB, cmsgpack.unpack(redis.call('HGET', key, F.id)))
+      redis.call('XADD', KEYS[3], '*', ENTRY_JOB, cmsgpack.unpack(redis.call('HGET', key, F.id)))
     end
     redis.call('PUBLISH', channel, 'final')
     out[#out + 1] = 1

@@ -70,7 +70,21 @@ class Settings(BaseSettings):
     # --- api ---
     max_inputs_per_job: int = Field(256, gt=0, description="More inputs per job → 413.")
     max_input_chars: int = Field(20_000, gt=0, description="Longer single input → 413.")
-    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Larger request body → 413.")
+    max_body_bytes: int = Field(
+        32 * 1024 * 1024,
+        gt=0,
+        description="Larger request body → 413. Above INFERQ_MAX_IMAGE_BYTES, so one image can "
+        "come base64-encoded in JSON (a third larger than its bytes).",
+    )
+    max_image_bytes: int = Field(
+        20 * 1024 * 1024, gt=0, description="A larger single image (its encoded bytes) → 413."
+    )
+    max_queue_bytes: int = Field(
+        512 * 1024 * 1024,
+        gt=0,
+        description="Input bytes held in Redis per model (queued and running) before submits get "
+        "429: a queue of large images can fill Redis' memory long before INFERQ_MAX_QUEUE items.",
+    )
     sync_wait_s: float = Field(30.0, ge=0, le=60, description="Default wait of POST /v1/infer.")
     max_long_poll_s: float = Field(60.0, gt=0, description="Cap on ?wait= and on the infer wait.")
     redis_timeout_s: float = Field(
@@ -190,6 +204,12 @@ class Settings(BaseSettings):
     )
     idempotency_ttl_s: int = Field(
         86_400, gt=0, description="How long an Idempotency-Key is remembered."
+    )
+    max_new_tokens: int = Field(
+        256,
+        gt=0,
+        description="generate model: the most tokens a request may ask for (parameters."
+        "max_new_tokens, default 32); the KV cache, and so the batch cost, grows with it.",
     )
     echo_batch_delay_ms: float = Field(0.0, ge=0, description="echo model: sleep per batch.")
     echo_token_delay_ms: float = Field(0.0, ge=0, description="echo model: sleep per padded token.")

@@ -232,7 +232,12 @@ def fmt_bytes(n: float) -> str:
 
 
 def resolve_ceiling(
-    settings: Any, model_name: str, device: str, max_cost: int | None, streams: int = 1
+    settings: Any,
+    model_name: str,
+    device: str,
+    max_cost: int | None,
+    streams: int = 1,
+    default_cost: int | None = None,
 ) -> tuple[int, str]:
     """The worker's token ceiling and why: explicit setting > calibration + budget > default.
 
@@ -245,7 +250,8 @@ def resolve_ceiling(
         n = settings.max_batch_tokens
         why = f"INFERQ_MAX_BATCH_TOKENS={n} set explicitly"
         return (n, why) if n >= floor else (floor, why + raised)
-    default = type(settings).model_fields["max_batch_tokens"].default
+    # The model's own default bound (e.g. 32 images in pixels) replaces the text default.
+    default = default_cost or type(settings).model_fields["max_batch_tokens"].default
     backend = backend_key(settings)
     cal = load_calibration(settings.data_dir, model_name, backend, device)
 

@@ -57,8 +57,10 @@ def resolve_ceiling(
     settings: Settings, model: Model, model_name: str, device: str, streams: int = 1
 ) -> tuple[int, str, str]:
     """The token ceiling to start with, why, and the calibration it came from (JSON or "")."""
-    max_cost = getattr(model, "max_cost", None) or 1
-    ceiling, reason = from_calibration(settings, model_name, device, max_cost, streams)
+    max_cost = model.max_cost or 1
+    ceiling, reason = from_calibration(
+        settings, model_name, device, max_cost, streams, model.default_batch_cost
+    )
     cal = load_calibration(settings.data_dir, model_name, backend_key(settings), device)
     return ceiling, reason, cal.to_json() if cal is not None else ""
 

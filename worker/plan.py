@@ -38,7 +38,8 @@ def cpu_cores() -> int:
 
 def runs_without_gil(spec: ModelSpec, settings: Settings) -> bool:
     """Built-in minilm on ONNX Runtime, or on torch traced: one call per batch, GIL released."""
-    return spec.target == "minilm" and (settings.backend == "onnx" or settings.torchscript)
+    built_in = spec.target in ("minilm", "efficientnet-lite0")
+    return built_in and (settings.backend == "onnx" or settings.torchscript)
 
 
 def thread_plan(settings: Settings, device: str, spec: ModelSpec) -> tuple[int, int]:

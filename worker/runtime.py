@@ -37,7 +37,7 @@ from inferq.shared.errors import QueueUnavailable
 from inferq.shared.jobs import Status, pack_field
 from inferq.shared.metrics import WorkerMetrics
 from inferq.shared.queue import JobQueue
-from inferq.shared.registry import WorkerBeat, WorkerRegistry
+from inferq.shared.registry import ModelInfo, WorkerBeat, WorkerRegistry
 from inferq.shared.retry import Backoff
 from inferq.shared.settings import Settings
 from inferq.worker.batcher import Batch, Item
@@ -82,7 +82,7 @@ class Worker:
         self.consumer = settings.consumer_name(device, model_name)
         self.queue = JobQueue(redis, result_ttl_s=settings.result_ttl_s)
         self.registry = WorkerRegistry(redis)
-        max_cost = getattr(model, "max_cost", None) or 1
+        max_cost = model.max_cost or 1
         top = max(ceiling or settings.max_batch_tokens, max_cost)
         self.scheduler = Scheduler(
             LiveCeiling(top, max_cost, settings.ceiling_recover_after),
@@ -100,6 +100,10 @@ class Worker:
             model_name=model_name, consumer=self.consumer, clock=self.clock,
         )  # fmt: skip
         self.executor = Executor(model, self.scheduler, threads=model_threads, device=device)
+        self.info = ModelInfo(
+            inputs=tuple(sorted(str(k) for k in model.inputs)), output=str(model.output),
+            parameters=dict(model.parameters), max_cost=model.max_cost,
+        )  # fmt: skip
         self.heartbeat = Heartbeat(
             self.registry, self.snapshot, period_s=settings.heartbeat_s,
             ttl_s=settings.heartbeat_ttl_s, stuck_after_s=settings.visibility_timeout_s,
@@ -128,7 +132,8 @@ class Worker:
     async def run(self) -> bool:
         """Serve until stopped; True if the drain finished within `drain_s`."""
         started = time.monotonic()
-        await self._until_redis(self.queue.ensure_group, self.model_name)
+        await self._until_redis(lambda: self.queue.ensure_group(self.model_name))
+        await self._until_redis(lambda: self.registry.describe(self.model_name, self.info))
         log.info(
             "worker %s serving model=%s device=%s ceiling=%d (%s) max_batch_size=%d max_wait_ms=%g",
             self.consumer, self.model_name, self.device, self.scheduler.ceiling.value,
@@ -169,11 +174,11 @@ class Worker:
         )  # fmt: skip
         return clean
 
-    async def _until_redis(self, fn: Callable[[str], Awaitable[None]], arg: str) -> None:
+    async def _until_redis(self, call: Callable[[], Awaitable[None]]) -> None:
         backoff = Backoff()
         while True:
             try:
-                return await fn(arg)
+                return await call()
             except QueueUnavailable as e:
                 if self._stopping.is_set():
                     raise

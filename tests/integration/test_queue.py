@@ -150,3 +150,22 @@ async def test_cancel_only_if_queued_and_hand_back(queue: JobQueue) -> None:
     assert (await queue.get("c1")).status is Status.CANCELLED  # type: ignore[union-attr]
     assert await queue.cancel(back, cancelled, only_if_queued=False) == 0
     assert await queue.queued_items("echo") == 0
+
+
+async def test_byte_cap_counts_input_bytes_and_finishing_releases_them(queue: JobQueue) -> None:
+    await queue.ensure_group("echo")
+    image = {"image": b"\x89PNG\r\n\x1a\n" + b"x" * 992}  # 1,000 bytes, raw bin in Redis
+    first = await queue.submit(Job(id="i1", model="echo", inputs=[image]), max_bytes=1500)
+    assert first.outcome == "created" and await queue.queued_bytes("echo") == 1000
+    second = await queue.submit(Job(id="i2", model="echo", inputs=[image]), max_bytes=1500)
+    assert (second.outcome, second.depth) == ("full_bytes", 1000)
+    stored = await queue.get("i1")
+    assert stored is not None and stored.inputs == [image]  # bytes round-trip, not base64
+    (entry,) = await queue.read("echo", "c1", count=1, block_ms=100)
+    done = encode_final(Status.SUCCEEDED, finished_ms=1, outputs=[{"label": "x"}])
+    assert await queue.finish([Final("echo", entry.stream, entry.entry_id, "i1", done)]) == [1]
+    assert await queue.queued_bytes("echo") == 0
+    got = await queue.get("i1")
+    assert got is not None and got.outputs == [{"label": "x"}]  # structured outputs round-trip
+    alone = await queue.submit(Job(id="big", model="echo", inputs=[image] * 3), max_bytes=1500)
+    assert alone.outcome == "created"  # an empty queue admits even a job over the cap

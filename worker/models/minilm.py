@@ -4,19 +4,15 @@ Tokenises with `tokenizers` from tokenizer.json, encodes with transformers, mean
 over the attention mask and L2-normalises, as sentence-transformers does for this model.
 torch and transformers are imported in `load`, so importing this module stays cheap.
 
-By default the encoder and pooling are traced with TorchScript at load. An eager forward
-dispatches a few hundred ops from Python, each needing the GIL, so it crawls whenever the
-worker's event loop runs Python beside it (measured on 2 cores: 211 -> 17 items/s at batch 16
-with a busy Python thread); a traced forward is one call that runs without the GIL, which is
-also what lets several batches run at once, one per core. The trace is checked against the
-eager forward at load and dropped, with a warning, if they disagree.
+By default the encoder and pooling are traced with TorchScript at load
+(`inferq.worker.models.torchscript`: one call per batch, without the GIL), checked against
+the eager forward and dropped, with a warning, if they disagree.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -152,30 +148,14 @@ class MiniLM(TextModel):
             self._model = self._trace(self._model)
 
     def _trace(self, eager: torch.nn.Module) -> torch.nn.Module:
-        import torch
+        from inferq.worker.models.torchscript import trace_checked
 
-        probe = [p.payload for p in self.prepare_texts(_PROBE)]
-        ids, mask = self._tensors(probe)
-        try:
-            with warnings.catch_warnings(), torch.inference_mode():
-                # Silenced: TracerWarnings (shape-dependent branches in transformers' mask code
-                # are recorded as constants; for an encoder they never change, checked below on
-                # new shapes), torch.jit's own deprecation (torch.compile/export need a C++
-                # toolchain at run time; when trace goes away this falls back to eager), and
-                # transformers' deprecation notices that only tracing reaches.
-                warnings.simplefilter("ignore")
-                traced = torch.jit.freeze(torch.jit.trace(eager, (ids, mask), check_trace=False))
-                check = [p.payload for p in self.prepare_texts([_PROBE[1], "three", _PROBE[0]])]
-                want, got = eager(*self._tensors(check)), traced(*self._tensors(check))
-                diff = float((want - got).abs().max())
-        except Exception as e:  # an unusual architecture: eager still works
-            log.warning("TorchScript trace failed (%s: %s); running eager", type(e).__name__, e)
-            return eager
-        if diff > _TRACE_TOLERANCE[self.dtype]:
-            log.warning("TorchScript trace differs from eager by %.2g; running eager", diff)
-            return eager
-        self.traced = True
-        return traced
+        example = self._tensors([p.payload for p in self.prepare_texts(_PROBE)])
+        check = self._tensors(
+            [p.payload for p in self.prepare_texts([_PROBE[1], "three", _PROBE[0]])]
+        )
+        module, self.traced = trace_checked(eager, example, check, _TRACE_TOLERANCE[self.dtype])
+        return module  # type: ignore[no-any-return]
 
     def _tensors(self, batch: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         import torch

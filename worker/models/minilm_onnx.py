@@ -15,29 +15,22 @@ same ids. onnxruntime and torch are imported in `load`/export only.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import io
 import logging
-import os
-import re
-import tempfile
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from inferq.worker.models.base import (
-    DeviceOutOfMemory,
-    Input,
-    InvalidInput,
-    Prepared,
-    TextModel,
-    unknown_parameters,
-)
+from inferq.worker.models.base import Input, InvalidInput, Prepared, TextModel, unknown_parameters
 from inferq.worker.models.minilm import MiniLM, encode, load_tokenizer, pad_batch
+from inferq.worker.models.onnx_session import (
+    export_quietly,
+    file_digest,
+    run_mapping_oom,
+    session,
+    write_atomic,
+)
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -50,11 +43,6 @@ VARIANTS = ("fp32", "int8")
 EXPORT_VERSION = 1
 INPUTS = ("input_ids", "attention_mask")
 OUTPUT = "sentence_embedding"  # not "embedding": that name collides with a BERT node
-# ORT reports allocation failures as a generic RuntimeException/Fail; only the text says OOM.
-_ORT_OOM = re.compile(
-    r"Failed to allocate|bad[_ ]alloc|out of memory|OUT_OF_MEMORY|BFCArena|cudaErrorMemoryAllocation",
-    re.IGNORECASE,
-)
 
 
 def weights_digest(model_dir: Path) -> str:
@@ -62,25 +50,8 @@ def weights_digest(model_dir: Path) -> str:
     for name in ("model.safetensors", "model.safetensors.index.json"):
         path = model_dir / name
         if path.is_file():
-            h = hashlib.sha256()
-            with open(path, "rb") as f:
-                while chunk := f.read(1 << 20):
-                    h.update(chunk)
-            return h.hexdigest()[:16]
+            return file_digest(path)
     raise FileNotFoundError(f"no model.safetensors in {model_dir}")
-
-
-def _write_atomic(target: Path, write: Any) -> None:
-    """`write(tmp_path)` then rename onto `target`: readers see nothing or the whole file."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def export_fp32(model_dir: Path, target: Path) -> None:
@@ -107,29 +78,14 @@ def export_fp32(model_dir: Path, target: Path) -> None:
 
     ids = torch.ones(2, 8, dtype=torch.long)
     batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
-    chatty = [logging.getLogger(n) for n in ("onnx_ir", "onnxscript", "torch.onnx")]
-    levels = [lg.level for lg in chatty]
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        # The exporter warns, logs at INFO and prints progress about its own internals;
-        # none of it is actionable here.
-        warnings.simplefilter("ignore")
-        for lg in chatty:
-            lg.setLevel(logging.WARNING)
-        program = torch.onnx.export(
-            Pooled().eval(),
-            (ids, torch.ones_like(ids)),
-            input_names=list(INPUTS),
+    write_atomic(
+        target,
+        lambda tmp: export_quietly(
+            Pooled().eval(), (ids, torch.ones_like(ids)), tmp, input_names=INPUTS,
             output_names=[OUTPUT],
             dynamic_shapes={"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}},
-            dynamo=True,
-            external_data=False,
-            verbose=False,
-        )
-        for lg, level in zip(chatty, levels, strict=True):
-            lg.setLevel(level)
-    assert program is not None
-    data = program.model_proto.SerializeToString()  # one file: weights inline (~90 MB)
-    _write_atomic(target, lambda tmp: tmp.write_bytes(data))
+        ),
+    )  # fmt: skip
 
 
 def quantize_int8(source: Path, target: Path) -> None:
@@ -162,7 +118,7 @@ def quantize_int8(source: Path, target: Path) -> None:
             weight_type=QuantType.QInt8,
         )
 
-    _write_atomic(target, write)
+    write_atomic(target, write)
 
 
 def ensure_onnx(model_dir: Path, variant: str, cache_dir: Path) -> tuple[Path, bool]:
@@ -184,25 +140,6 @@ def ensure_onnx(model_dir: Path, variant: str, cache_dir: Path) -> tuple[Path, b
         log.info("quantizing %s to int8 at %s", fp32.name, target)
         quantize_int8(fp32, target)
     return target, True
-
-
-def _providers(device: str) -> list[Any]:
-    import onnxruntime as ort
-
-    if not device.startswith("cuda"):
-        return ["CPUExecutionProvider"]
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        log.warning(
-            "device=%s but onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu); "
-            "running on CPU",
-            device,
-        )
-        return ["CPUExecutionProvider"]
-    index = int(device.partition(":")[2] or 0)
-    # kSameAsRequested: the arena grows by what a batch needs, not to the next power of two,
-    # so device memory tracks the token ceiling (and the calibration measures that).
-    cuda = {"device_id": index, "arena_extend_strategy": "kSameAsRequested"}
-    return [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
 
 
 class MiniLMOnnx(TextModel):
@@ -233,26 +170,12 @@ class MiniLMOnnx(TextModel):
         self._pad_id = 0
 
     def load(self, device: str) -> None:
-        import onnxruntime as ort
-
         self.onnx_path, self.exported = ensure_onnx(self.path, self.variant, self.cache_dir)
         self._tokenizer, self._pad_id = load_tokenizer(self.path, self.max_cost)
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if self.intra_op_threads:
-            options.intra_op_num_threads = self.intra_op_threads
-        # Spinning threads steal the cores the API and the event loop need between batches.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._session = ort.InferenceSession(
-            str(self.onnx_path), options, providers=_providers(device)
-        )
+        self._session = session(self.onnx_path, device, self.intra_op_threads)
         self.provider = self._session.get_providers()[0]
         log.info(
-            "onnx model %s (%s, %s) runs on %s",
-            self.onnx_path.name,
-            self.variant,
-            "exported now" if self.exported else "from cache",
-            self.provider,
+            "onnx minilm %s (%s)", self.variant, "exported now" if self.exported else "from cache"
         )
 
     def prepare(self, inputs: list[Input], parameters: Mapping[str, Any]) -> list[Prepared]:
@@ -269,12 +192,5 @@ class MiniLMOnnx(TextModel):
             return np.zeros((0, self.dim), dtype=np.float32)
         ids, mask = pad_batch(batch, self._pad_id)
         feed = {"input_ids": ids, "attention_mask": mask.astype(np.int64)}
-        try:
-            (out,) = self._session.run([OUTPUT], feed)
-        except MemoryError as e:
-            raise DeviceOutOfMemory(str(e)) from e
-        except Exception as e:  # ORT raises its own pybind types; only the message tells OOM
-            if _ORT_OOM.search(str(e)):
-                raise DeviceOutOfMemory(str(e)) from e
-            raise
+        (out,) = run_mapping_oom(self._session, [OUTPUT], feed)
         return np.asarray(out, dtype=np.float32)

@@ -73,26 +73,56 @@ class ModelLoadError(RuntimeError):
     """The model spec points at nothing loadable; the message says what was tried."""
 
 
-def build_model(spec: ModelSpec, settings: Settings, *, intra_op_threads: int = 0) -> Model:
-    if spec.target == "echo":
-        from inferq.worker.models.echo import EchoModel
+def _echo(settings: Settings, threads: int) -> Model:
+    from inferq.worker.models.echo import EchoModel
 
-        return EchoModel(settings.echo_batch_delay_ms, settings.echo_token_delay_ms)
-    if spec.target == "minilm" and settings.backend == "onnx":
+    return EchoModel(settings.echo_batch_delay_ms, settings.echo_token_delay_ms)
+
+
+def _minilm(settings: Settings, threads: int) -> Model:
+    if settings.backend == "onnx":
         from inferq.worker.models.minilm_onnx import MiniLMOnnx
 
         return MiniLMOnnx(
             settings.model_path, variant=settings.onnx_variant, cache_dir=settings.data_dir / "onnx",
-            intra_op_threads=intra_op_threads,
+            intra_op_threads=threads,
         )  # fmt: skip
-    if spec.target == "minilm":
-        from inferq.worker.models.minilm import MiniLM
+    from inferq.worker.models.minilm import MiniLM
 
-        return MiniLM(settings.model_path, dtype=settings.dtype, torchscript=settings.torchscript)
+    return MiniLM(settings.model_path, dtype=settings.dtype, torchscript=settings.torchscript)
+
+
+def _efficientnet(settings: Settings, threads: int) -> Model:
+    from inferq.worker.models import efficientnet
+
+    if settings.backend == "onnx":
+        return efficientnet.EfficientNetLite0Onnx(settings.data_dir / "onnx", threads)
+    return efficientnet.EfficientNetLite0(torchscript=settings.torchscript)
+
+
+def _generate(settings: Settings, threads: int) -> Model:
+    from inferq.worker.models.generate import Generator
+
+    if not settings.model_path:
+        raise ModelLoadError("the generate model needs INFERQ_MODEL_PATH: a local HF directory")
+    return Generator(settings.model_path, max_new_tokens=settings.max_new_tokens)
+
+
+BUILDERS = {
+    "minilm": _minilm,
+    "efficientnet-lite0": _efficientnet,
+    "generate": _generate,
+    "echo": _echo,
+}
+
+
+def build_model(spec: ModelSpec, settings: Settings, *, intra_op_threads: int = 0) -> Model:
+    if spec.target in BUILDERS:
+        return BUILDERS[spec.target](settings, intra_op_threads)
     module_name, sep, class_name = spec.target.partition(":")
     if not sep or not class_name:
         raise ModelLoadError(
-            f"unknown model {spec.target!r}: use 'minilm', 'echo' or 'package.module:ClassName'"
+            f"unknown model {spec.target!r}: use {', '.join(BUILDERS)} or 'package.module:ClassName'"
         )
     # A user's model module usually sits in the directory the worker is started from.
     if os.getcwd() not in sys.path:
