@@ -5,7 +5,9 @@ strings, TTL `heartbeat_ttl_s`) and scores itself in `keys.workers(model)` (a zs
 expiry ms). The API reads both for readiness, /v1/health, /v1/models and admission
 (throughput); another worker reads the hash's existence to tell a dead consumer from a live
 one. The beat also keeps the worker's held entries fresh (XCLAIM JUSTID resets their idle
-time without counting a delivery), so no live worker's jobs are taken over.
+time without counting a delivery), so no live worker's jobs are taken over, and only those
+still in its own pending list (`scripts.REFRESH`): a worker that was frozen past its TTL and
+resumes must not steal back what another worker took over; it learns they are lost.
 
 `WorkerBeat` is the heartbeat's schema, written and read only here.
 """
@@ -20,7 +22,7 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
-from inferq.shared import keys
+from inferq.shared import keys, scripts
 from inferq.shared.redis_conn import unavailable
 
 
@@ -134,21 +136,31 @@ class WorkerRegistry:
 
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
+        self._refresh = redis.register_script(scripts.source(scripts.REFRESH))
 
     @unavailable
     async def beat(
         self, beat: WorkerBeat, ttl_ms: int, refresh: Mapping[str, Sequence[str]] | None = None
-    ) -> None:
-        """Write the beat and score; refresh `refresh` (stream → entry ids) held by it."""
+    ) -> dict[str, list[str]]:
+        """Write the beat and score, and keep `refresh` (stream → entry ids held by this
+        worker) fresh. Returns the held entries another worker has taken over meanwhile
+        (stream → ids): they are that worker's now and were left alone."""
+        held = {s: list(ids) for s, ids in (refresh or {}).items() if ids}
+        argv: list[str | int] = [keys.GROUP, beat.id]
+        for ids in held.values():
+            argv += [len(ids), *ids]
         async with self.redis.pipeline(transaction=False) as p:
             p.hset(keys.worker(beat.id), mapping=beat.to_hash())  # type: ignore[arg-type]
             p.pexpire(keys.worker(beat.id), ttl_ms)
             p.zadd(keys.workers(beat.model), {beat.id: beat.beat_ms + ttl_ms})
             p.zremrangebyscore(keys.workers(beat.model), "-inf", beat.beat_ms)
-            for stream, ids in (refresh or {}).items():
-                if ids:
-                    p.xclaim(stream, keys.GROUP, beat.id, 0, list(ids), justid=True)
-            await p.execute()
+            if held:
+                await self._refresh(keys=list(held), args=argv, client=p)
+            replies = await p.execute()
+        if not held:
+            return {}
+        lost = zip(held, replies[-1], strict=True)
+        return {s: [_text(i) for i in ids] for s, ids in lost if ids}
 
     @unavailable
     async def describe(self, model: str, info: ModelInfo) -> None:

@@ -152,6 +152,33 @@ return raw and 1 or 0
 """
 
 
+# KEYS: streams. ARGV: group, consumer, then per stream: n, n entry ids held by `consumer`.
+# Resets the idle time of the entries still in `consumer`'s own pending list (XCLAIM JUSTID
+# does not count a delivery) and returns, per stream, the ids that are not: another worker
+# took them over while this one was unresponsive. A plain XCLAIM would steal them back.
+REFRESH = """
+local out, a = {}, 3
+for i, key in ipairs(KEYS) do
+  local n = tonumber(ARGV[a])
+  local mine = {}
+  for _, p in ipairs(redis.call('XPENDING', key, ARGV[1], '-', '+', 100000, ARGV[2])) do
+    mine[p[1]] = true
+  end
+  local claim, lost = {'XCLAIM', key, ARGV[1], ARGV[2], 0}, {}
+  for j = a + 1, a + n do
+    if mine[ARGV[j]] then claim[#claim + 1] = ARGV[j] else lost[#lost + 1] = ARGV[j] end
+  end
+  if #claim > 5 then
+    claim[#claim + 1] = 'JUSTID'
+    redis.call(unpack(claim))
+  end
+  out[i] = lost
+  a = a + n + 1
+end
+return out
+"""
+
+
 def source(body: str) -> str:
     """A script as sent to Redis: the prelude, then the body."""
     return f"{PRELUDE}\n{body}"

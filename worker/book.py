@@ -108,6 +108,17 @@ class Book:
         self.scheduler.drop(state)
         self.outbox.ack(state.entry)
 
+    def lose(self, entries: dict[str, list[str]]) -> list[JobState]:
+        """Held entries another worker took over (this one was frozen past its heartbeat TTL):
+        drop their jobs without a result or an ack, whatever of them is on the device too."""
+        gone = {(stream, i) for stream, ids in entries.items() for i in ids}
+        lost = [s for s in self.jobs.values() if (s.entry.stream, s.entry.entry_id) in gone]
+        for s in lost:
+            s.lost = True
+            self.scheduler.drop(s)
+            self.jobs.pop(s.job.id, None)
+        return lost
+
     def unstarted(self) -> list[JobState]:
         """Held jobs none of whose items was handed to a batch: they can go back as they are."""
         return [s for s in self.jobs.values() if s.started_items == 0 and not s.done]

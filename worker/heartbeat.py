@@ -36,12 +36,14 @@ class Heartbeat:
         period_s: float,
         ttl_s: float,
         stuck_after_s: float,
+        on_lost: Callable[[dict[str, list[str]]], None] = lambda lost: None,
     ) -> None:
         self.registry = registry
         self.snapshot = snapshot
         self.period_s = period_s
         self.ttl_ms = int(ttl_s * 1000)
         self.stuck_after_s = stuck_after_s
+        self.on_lost = on_lost  # held entries another worker took over (stream → ids)
         self._warned_stuck = False
 
     async def loop(self) -> None:
@@ -54,7 +56,9 @@ class Heartbeat:
 
     async def beat(self) -> None:
         snap = self.snapshot()
-        await self.registry.beat(snap.beat, self.ttl_ms, None if snap.stuck else snap.held)
+        lost = await self.registry.beat(snap.beat, self.ttl_ms, None if snap.stuck else snap.held)
+        if lost:
+            self.on_lost(lost)
         if snap.stuck and not self._warned_stuck:
             log.error(
                 "batch running for over %.0fs: no longer refreshing held entries",

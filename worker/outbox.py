@@ -57,7 +57,14 @@ class Outbox:
             while True:
                 try:
                     if finals:
-                        await self.queue.finish(finals)
+                        outcomes = await self.queue.finish(finals)
+                        if already := [
+                            f.job_id for f, o in zip(finals, outcomes, strict=True) if o == 0
+                        ]:
+                            # A duplicate delivery, or a zombie's late result: the record
+                            # stays as it was and nothing is published again.
+                            log.info("%d results not written: their jobs were already final (%s)",
+                                     len(already), ", ".join(already[:5]))  # fmt: skip
                     if stale:
                         await self.queue.ack(stale)
                     break

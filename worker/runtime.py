@@ -107,6 +107,7 @@ class Worker:
         self.heartbeat = Heartbeat(
             self.registry, self.snapshot, period_s=settings.heartbeat_s,
             ttl_s=settings.heartbeat_ttl_s, stuck_after_s=settings.visibility_timeout_s,
+            on_lost=self._on_lost,
         )  # fmt: skip
         self.handed_back = 0
         self._on_device: dict[int, tuple[Batch, float]] = {}  # batch → (batch, started at)
@@ -167,10 +168,11 @@ class Worker:
         s = self.stats
         log.info(
             "worker %s stopped after %.1fs: batches=%d items=%d jobs ok=%d failed=%d expired=%d "
-            "cancelled=%d poisoned=%d handed_back=%d taken_over=%d ooms=%d splits=%d unposted=%d",
+            "cancelled=%d poisoned=%d handed_back=%d taken_over=%d lost=%d ooms=%d splits=%d "
+            "unposted=%d",
             self.consumer, time.monotonic() - started, s.batches, s.items, s.jobs_ok,
             s.jobs_failed, s.jobs_expired, s.jobs_cancelled, s.jobs_poisoned, self.handed_back,
-            self.intake.taken_over, s.ooms, s.splits, self.outbox.pending,
+            self.intake.taken_over, s.lost, s.ooms, s.splits, self.outbox.pending,
         )  # fmt: skip
         return clean
 
@@ -311,6 +313,17 @@ class Worker:
             return
         self.handed_back += len(states)
         log.info("handed back %d jobs", len(states))
+
+    def _on_lost(self, entries: dict[str, list[str]]) -> None:
+        lost = self.book.lose(entries)
+        if lost:
+            self.stats.lost += len(lost)
+            log.warning(
+                "lost %d jobs to another worker (this one was unresponsive past its heartbeat "
+                "TTL): dropped them, carrying on",
+                len(lost),
+            )
+            self._room.set()
 
     # --- the heartbeat's view ---
     def snapshot(self) -> Snapshot:

@@ -27,10 +27,11 @@ class JobState:
     started_items: int = 0  # items handed to a batch so far (0: the job can be handed back)
     counted: bool = False  # its first device start is counted in `attempts`
     dead_letter: bool = False
+    lost: bool = False  # another worker took its entry over: it is theirs now
 
     @property
     def done(self) -> bool:
-        return self.final_status is not None
+        return self.final_status is not None or self.lost
 
     @property
     def suspect(self) -> bool:

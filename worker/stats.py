@@ -20,6 +20,7 @@ class Stats:
     jobs_poisoned: int = 0
     ooms: int = 0
     splits: int = 0
+    lost: int = 0  # jobs taken over by another worker while this one was unresponsive
     last_batch_size: int = 0
     last_batch_tokens: int = 0
     last_batch_at_ms: int = 0

@@ -1,8 +1,9 @@
-"""The heartbeat writes whatever snapshot it is handed (fakeredis, no worker needed)."""
+"""The heartbeat writes whatever snapshot it is handed, on a real Redis (its entry refresh is
+a Lua script), and never steals back entries another worker has taken over."""
 
 from __future__ import annotations
 
-import fakeredis
+from redis.asyncio import Redis
 
 from inferq.shared import keys
 from inferq.shared.registry import WorkerBeat, WorkerRegistry, decode_beat
@@ -18,8 +19,10 @@ def _beat(now: int) -> WorkerBeat:
     )  # fmt: skip
 
 
-async def test_a_beat_writes_the_record_and_refreshes_held_entries_unless_stuck() -> None:
-    r = fakeredis.FakeAsyncRedis()
+async def test_a_beat_writes_the_record_and_refreshes_held_entries_unless_stuck(
+    redis_url: str,
+) -> None:
+    r = Redis.from_url(redis_url)
     await r.xgroup_create(keys.stream("echo"), keys.GROUP, id="0", mkstream=True)
     eid = (await r.xadd(keys.stream("echo"), {"job": "j1"})).decode()
     await r.xreadgroup(keys.GROUP, "w1", {keys.stream("echo"): ">"})
@@ -56,3 +59,26 @@ async def test_a_beat_writes_the_record_and_refreshes_held_entries_unless_stuck(
     await hb.unregister("w1", "echo")
     assert not await r.exists(keys.worker("w1"))
     assert await WorkerRegistry(r).live("echo", now) == []
+    await r.aclose()
+
+
+async def test_a_resumed_worker_does_not_steal_back_what_was_taken_over(redis_url: str) -> None:
+    r = Redis.from_url(redis_url)
+    s = keys.stream("echo")
+    await r.xgroup_create(s, keys.GROUP, id="0", mkstream=True)
+    mine = (await r.xadd(s, {"job": "kept"})).decode()
+    taken = (await r.xadd(s, {"job": "taken"})).decode()
+    await r.xreadgroup(keys.GROUP, "w1", {s: ">"})  # w1 holds both
+    await r.xclaim(s, keys.GROUP, "w2", 0, [taken])  # w1 froze; w2 took one over
+    lost: list[dict[str, list[str]]] = []
+    now = 1_700_000_000_000
+    hb = Heartbeat(
+        WorkerRegistry(r), lambda: Snapshot(_beat(now), held={s: [mine, taken]}),
+        period_s=1, ttl_s=5, stuck_after_s=30, on_lost=lost.append,
+    )  # fmt: skip
+    await hb.beat()
+    assert lost == [{s: [taken]}]
+    owners = {p["message_id"].decode(): p["consumer"].decode()
+              for p in await r.xpending_range(s, keys.GROUP, "-", "+", 10)}  # fmt: skip
+    assert owners == {mine: "w1", taken: "w2"}
+    await r.aclose()
