@@ -1,18 +1,23 @@
-"""The API app factory: one Redis pool and one completion subscriber per process."""
+"""The API app factory: one Redis pool, one completion subscriber, one metrics registry per
+process; one router per resource; one error table (`inferq.api.errors`)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import Depends, FastAPI
+from fastapi.openapi.utils import get_openapi
 
 from inferq.api import embeddings, errors, health, jobs, observability, status
 from inferq.api.auth import authenticate, load_api_keys
 from inferq.api.limits import BodyLimit
 from inferq.api.notifier import Notifier
+from inferq.api.schemas import InferRequest, SubmitRequest
 from inferq.api.service import JobService
+from inferq.shared.metrics import api_metrics
 from inferq.shared.queue import JobQueue
 from inferq.shared.redis_conn import api_client, pubsub_client
 from inferq.shared.registry import WorkerRegistry
@@ -20,8 +25,27 @@ from inferq.shared.settings import Settings
 
 log = logging.getLogger("inferq.api")
 
+# Bodies the routes parse themselves (JSON or multipart), so FastAPI does not list them.
+_BODIES = (SubmitRequest, InferRequest, embeddings.EmbeddingsRequest)
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title, version=app.version, summary=app.summary, routes=app.routes
+        )
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for body in _BODIES:
+            js = body.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(js.pop("$defs", {}))
+            components[body.__name__] = js
+        app.openapi_schema = schema
+    return app.openapi_schema
+
 
 def create_app(settings: Settings) -> FastAPI:
+    metrics = api_metrics()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         url = settings.redis_url.get_secret_value()
@@ -31,10 +55,7 @@ def create_app(settings: Settings) -> FastAPI:
         notifier = Notifier(pubsub_client(url, connect_timeout_s=settings.redis_timeout_s))
         await notifier.start()
         queue = JobQueue(redis, result_ttl_s=settings.result_ttl_s)
-        app.state.settings = settings
-        app.state.redis = redis
-        app.state.registry = WorkerRegistry(redis)
-        app.state.jobs = JobService(settings, queue, app.state.registry, notifier)
+        app.state.jobs = JobService(settings, queue, WorkerRegistry(redis), notifier, metrics)
         log.info("api ready: models=%s", ",".join(sorted(settings.served_models)))
         if not app.state.api_keys:
             log.warning("INFERQ_API_KEYS is not set: the API is open to anyone who can reach it")
@@ -57,12 +78,15 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
     app.state.api_keys = api_keys
+    app.state.metrics = metrics
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     errors.install(app)
     # Behind INFERQ_API_KEYS: everything but liveness/readiness and the status page's static
     # HTML (it holds no data; its script sends the key it is given to /v1/health).
     authed = [Depends(authenticate)]
     app.include_router(jobs.router)
     app.include_router(health.router)
+    app.include_router(health.authed, dependencies=authed)
     app.include_router(embeddings.router)
     app.include_router(observability.router, dependencies=authed)
     app.include_router(status.router)

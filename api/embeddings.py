@@ -4,7 +4,9 @@ Request: `input` (a string or a list of strings; token arrays are refused), `mod
 served model name; default INFERQ_MODEL), `encoding_format` ("float" or "base64":
 little-endian float32 bytes, as OpenAI sends them), optional `user` (ignored),
 `dimensions` (accepted only if equal to the model's width: nothing here can shorten a
-vector), and the inferq extension `wait` (seconds, default INFERQ_SYNC_WAIT_S).
+vector), and the inferq extension `wait` (seconds, default INFERQ_SYNC_WAIT_S). It goes
+through the same pipeline as /v1/infer (`JobService.run`): counted in the metrics, admitted,
+`Idempotency-Key` honoured, cancelled if the client leaves before a worker starts it.
 
 Errors use OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`:
 
@@ -12,9 +14,9 @@ Errors use OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`:
 |---|---|---|---|
 | 400 | invalid_request_error | invalid_request | the body does not validate |
 | 404 | invalid_request_error | model_not_found | a model not served here |
-| 413/422 | invalid_request_error | input_rejected | too many / too long / empty inputs |
+| 413 / 422 | invalid_request_error | input_rejected / invalid_input | too many / too long / empty inputs |
 | 413 | invalid_request_error | too_large | an input too large for the device even alone |
-| 422 | invalid_request_error | model_error / poisoned | the model failed on an input |
+| 422 | invalid_request_error | model_error / poisoned / invalid_input | the model failed on an input |
 | 429 | rate_limit_error | expired / overloaded | the deadline passed, or the queue is full |
 | 202 | – | – | not done within `wait`: `{id, status}` and a `Location` naming the job |
 
@@ -34,24 +36,14 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from inferq.api.auth import Tenant
-from inferq.api.errors import request_error
+from inferq.api.deps import Config, IdempotencyKey, Jobs, disconnected
+from inferq.api.errors import job_failure, request_error, validation_message
 from inferq.api.responses import FastJSON
+from inferq.api.service import Submission
 from inferq.shared.errors import Overloaded, RequestError
 from inferq.shared.jobs import Job, Status
 
 router = APIRouter(prefix="/v1", tags=["embeddings"])
-
-# A failed job's error code → HTTP status and OpenAI error type.
-# A failed job is about its input (or the load), never a server fault the client could not
-# have caused: 4xx, so nothing a client sends turns into a 5xx.
-_FAILED: dict[str, tuple[int, str]] = {
-    "too_large": (413, "invalid_request_error"),
-    "input_rejected": (422, "invalid_request_error"),
-    "model_error": (422, "invalid_request_error"),
-    "poisoned": (422, "invalid_request_error"),
-    "expired": (429, "rate_limit_error"),
-    "cancelled": (409, "invalid_request_error"),
-}
 
 
 class EmbeddingsRequest(BaseModel):
@@ -118,7 +110,7 @@ def _encode(row: np.ndarray, fmt: str) -> np.ndarray | str:
 def _failed(job: Job) -> FastJSON:
     code = job.error.code if job.error else "model_error"
     message = job.error.message if job.error else f"job {job.id} {job.status}"
-    status, type_ = _FAILED.get(code, (500, "server_error"))
+    status, type_ = job_failure(code)
     return openai_error(status, message, type_, code)
 
 
@@ -128,31 +120,38 @@ def _failed(job: Job) -> FastJSON:
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": EmbeddingsRequest.model_json_schema()}},
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/EmbeddingsRequest"}}
+            },
         }
     },
 )
-async def create_embeddings(request: Request, tenant: Tenant) -> FastJSON:
+async def create_embeddings(
+    request: Request,
+    jobs: Jobs,
+    settings: Config,
+    tenant: Tenant,
+    idempotency_key: IdempotencyKey = None,
+) -> FastJSON:
     """OpenAI-compatible embeddings: one vector per input, in input order."""
     try:
         req = EmbeddingsRequest.model_validate_json(await request.body())
     except ValidationError as e:
         first = e.errors()[0]
         param = ".".join(str(p) for p in first.get("loc", ())) or None
-        message = "; ".join(
-            f"{'.'.join(str(p) for p in err.get('loc', ())) or 'body'}: {err.get('msg', '')}"
-            for err in e.errors()
-        )
+        message, _ = validation_message(list(e.errors()))  # type: ignore[arg-type]
         return openai_error(400, message, "invalid_request_error", "invalid_request", param=param)
     texts = req.texts()
     if not texts:
         return openai_error(
             400, "'input' is empty", "invalid_request_error", "invalid_request", param="input"
         )
-    jobs = request.app.state.jobs
     try:
-        job = await jobs.submit(texts, req.model, tenant=tenant)
-        job = await jobs.wait(job.id, jobs.clamp_wait(req.wait, jobs.settings.sync_wait_s), tenant)
+        sub = Submission(
+            items=list(texts), model=req.model, tenant=tenant, idempotency_key=idempotency_key
+        )
+        wait_s = jobs.clamp_wait(req.wait, settings.sync_wait_s)
+        job = await jobs.run(sub, wait_s, disconnected(request))
     except Overloaded as e:
         return openai_error(
             429, str(e), "rate_limit_error", e.reason, headers={"Retry-After": str(e.retry_after_s)}
@@ -160,13 +159,15 @@ async def create_embeddings(request: Request, tenant: Tenant) -> FastJSON:
     except RequestError as e:
         status, code = request_error(e)
         return openai_error(status, str(e), "invalid_request_error", code)
+    if job is None:
+        return FastJSON({"status": "cancelled"}, status_code=499)
     if not job.status.is_final:
         return FastJSON(
             {"id": job.id, "status": str(job.status), "model": job.model},
             status_code=202,
             headers={"Location": f"/v1/jobs/{job.id}", "x-should-retry": "false"},
         )
-    if job.status != Status.SUCCEEDED or job.outputs is None:
+    if job.status != Status.SUCCEEDED or not isinstance(job.outputs, np.ndarray):
         return _failed(job)
     outputs = job.outputs
     if req.dimensions is not None and req.dimensions != outputs.shape[1]:

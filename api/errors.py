@@ -1,4 +1,31 @@
-"""One table from error type to HTTP answer; nothing a client sends becomes a 5xx."""
+"""The API's one error table: every error a request can meet → HTTP status and error code.
+
+Two tables, both here and nowhere else:
+
+- `REQUEST_ERRORS`: a refused request (`inferq.shared.errors.RequestError`) → (status, code).
+- `JOB_FAILURES`: a job that ended without success, by its `error.code` → (status, OpenAI
+  error type), for the routes that wait for the result (`/v1/infer`, `/v1/embeddings`). A
+  failed job is about its input or the load, never a server fault the client could not have
+  caused: 4xx, so nothing a client sends turns into a 5xx.
+
+| error                      | status | code / type                  |
+|----------------------------|--------|------------------------------|
+| Unauthorized               | 401    | unauthorized                 |
+| JobNotFound                | 404    | not_found                    |
+| ModelNotServed             | 404    | model_not_found              |
+| JobConflict                | 409    | conflict                     |
+| InputTooLarge              | 413    | input_rejected               |
+| InputInvalid, bad JSON     | 422    | invalid_input / invalid_request |
+| Overloaded                 | 429    | overloaded + Retry-After     |
+| QueueUnavailable           | 503    | unavailable + Retry-After    |
+| CodecError (a bad record)  | 500    | corrupt_record               |
+| job `too_large`            | 413    | invalid_request_error        |
+| job `invalid_input`        | 422    | invalid_request_error        |
+| job `model_error`          | 422    | invalid_request_error        |
+| job `poisoned`             | 422    | invalid_request_error        |
+| job `cancelled`            | 409    | invalid_request_error        |
+| job `expired`              | 429    | rate_limit_error             |
+"""
 
 from __future__ import annotations
 
@@ -6,9 +33,6 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inferq.api.limits import BodyLimit, BodyTooLarge
@@ -25,62 +49,80 @@ from inferq.shared.errors import (
     RequestError,
     Unauthorized,
 )
+from inferq.shared.schema import ErrorCode
 
 log = logging.getLogger("inferq.api")
 
-
-def _loc(loc: tuple[object, ...]) -> str:
-    return ".".join(str(p) for p in loc if p != "body") or "body"
-
-
-async def _validation(request: Request, exc: RequestValidationError) -> FastJSON:
-    # Echo messages and locations only: the offending value may be bytes that are not UTF-8.
-    detail = [
-        {"loc": _loc(tuple(e.get("loc", ()))), "msg": str(e.get("msg", ""))} for e in exc.errors()
-    ]
-    message = "; ".join(f"{d['loc']}: {d['msg']}" for d in detail) or "invalid request"
-    body = error_body("invalid_request", message) | {"detail": detail}
-    return FastJSON(body, status_code=422)
-
-
-#: Each client-caused error's HTTP status and `error.code`; the OpenAI routes reuse it.
 REQUEST_ERRORS: dict[type[RequestError], tuple[int, str]] = {
     Unauthorized: (401, "unauthorized"),
     JobNotFound: (404, "not_found"),
     ModelNotServed: (404, "model_not_found"),
     JobConflict: (409, "conflict"),
     InputTooLarge: (413, "input_rejected"),
-    InputInvalid: (422, "input_rejected"),
+    InputInvalid: (422, "invalid_input"),
     Overloaded: (429, "overloaded"),
+}
+
+# 429 for an expired job: the deadline passed while it waited behind others, so the load is
+# the cause and retrying later can succeed (408 would blame the client's slowness).
+JOB_FAILURES: dict[str, tuple[int, str]] = {
+    ErrorCode.TOO_LARGE: (413, "invalid_request_error"),
+    ErrorCode.INVALID_INPUT: (422, "invalid_request_error"),
+    ErrorCode.MODEL_ERROR: (422, "invalid_request_error"),
+    ErrorCode.POISONED: (422, "invalid_request_error"),
+    ErrorCode.CANCELLED: (409, "invalid_request_error"),
+    ErrorCode.EXPIRED: (429, "rate_limit_error"),
 }
 
 
 def request_error(exc: RequestError) -> tuple[int, str]:
-    """(HTTP status, error code) of a client-caused error; 400 for one not in the table."""
+    """(HTTP status, error code) of a refused request; 400 for one not in the table."""
     for cls in type(exc).__mro__:
         if cls in REQUEST_ERRORS:
             return REQUEST_ERRORS[cls]  # type: ignore[index]
     return 400, "bad_request"
 
 
+def job_failure(code: str | None) -> tuple[int, str]:
+    """(HTTP status, OpenAI error type) of a job that ended with `error.code` = code."""
+    return JOB_FAILURES.get(code or "", (422, "invalid_request_error"))
+
+
+def retry_headers(exc: Exception) -> dict[str, str]:
+    if isinstance(exc, Overloaded | QueueUnavailable):
+        return {"Retry-After": str(exc.retry_after_s)}
+    if isinstance(exc, Unauthorized):
+        return {"WWW-Authenticate": "Bearer"}
+    return {}
+
+
+def _loc(loc: tuple[object, ...]) -> str:
+    return ".".join(str(p) for p in loc if p != "body") or "body"
+
+
+def validation_message(errors: list[dict[str, object]]) -> tuple[str, list[dict[str, str]]]:
+    # Echo messages and locations only: the offending value may be bytes that are not UTF-8.
+    detail = [{"loc": _loc(tuple(e.get("loc", ()))), "msg": str(e.get("msg", ""))} for e in errors]  # type: ignore[arg-type]
+    return "; ".join(f"{d['loc']}: {d['msg']}" for d in detail) or "invalid request", detail
+
+
+async def _validation(request: Request, exc: RequestValidationError) -> FastJSON:
+    message, detail = validation_message(list(exc.errors()))
+    return FastJSON(error_body("invalid_request", message) | {"detail": detail}, status_code=422)
+
+
 async def _request_error(request: Request, exc: RequestError) -> FastJSON:
     status, code = request_error(exc)
     log.info("rejected %s %s: %s %s", request.method, request.url.path, code, exc)
-    headers: dict[str, str] = {}
-    if isinstance(exc, Overloaded):
-        headers["Retry-After"] = str(exc.retry_after_s)
-    elif isinstance(exc, Unauthorized):
-        headers["WWW-Authenticate"] = "Bearer"
-    return FastJSON(error_body(code, str(exc)), status_code=status, headers=headers)
+    return FastJSON(error_body(code, str(exc)), status_code=status, headers=retry_headers(exc))
 
 
-async def _unavailable(request: Request, exc: Exception) -> FastJSON:
-    retry = exc.retry_after_s if isinstance(exc, QueueUnavailable) else 1
+async def _unavailable(request: Request, exc: QueueUnavailable) -> FastJSON:
     log.warning("redis unavailable on %s %s: %s", request.method, request.url.path, exc)
     return FastJSON(
         error_body("unavailable", "the queue is unreachable; retry shortly"),
         status_code=503,
-        headers={"Retry-After": str(retry)},
+        headers=retry_headers(exc),
     )
 
 
@@ -102,10 +144,8 @@ async def _http(request: Request, exc: StarletteHTTPException) -> FastJSON:
 def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)  # type: ignore[arg-type]
     app.add_exception_handler(RequestError, _request_error)  # type: ignore[arg-type]
-    app.add_exception_handler(QueueUnavailable, _unavailable)
-    app.add_exception_handler(RedisConnectionError, _unavailable)
-    app.add_exception_handler(RedisTimeoutError, _unavailable)
-    # e.g. OOM under noeviction, or READONLY during a failover: the queue cannot take work now.
-    app.add_exception_handler(RedisError, _unavailable)
+    # Redis down, loading, read-only during a failover or full under noeviction: the broker
+    # raises QueueUnavailable for all of them (inferq.shared.redis_conn.unavailable).
+    app.add_exception_handler(QueueUnavailable, _unavailable)  # type: ignore[arg-type]
     app.add_exception_handler(CodecError, _codec)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http)  # type: ignore[arg-type]

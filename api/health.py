@@ -1,13 +1,37 @@
-"""Liveness and readiness."""
+"""Is it up: `/healthz` (the process), `/readyz` (Redis + a worker for the default model) and
+`/v1/health` (what an operator reads). None of them ever answers 500.
+
+`/v1/health` comes from Redis only: the queue (XLEN and the first entry of each lane) and the
+heartbeats the workers write (`inferq.shared.registry`). The API never touches a device;
+device memory is what the workers last published.
+
+| status     | when                                                                   |
+|------------|------------------------------------------------------------------------|
+| `ok`       | Redis answers and every served model has at least one live worker      |
+| `degraded` | Redis answers, but a model has no live worker, or items have waited    |
+|            | longer than `STALLED_AFTER_S` while no worker finished a batch in that |
+|            | time                                                                   |
+| `down`     | Redis does not answer (HTTP 503)                                       |
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Any
 
+from fastapi import APIRouter
+
+from inferq.api.deps import Config, Queue, Registry
 from inferq.api.responses import FastJSON
+from inferq.shared.errors import QueueUnavailable
 from inferq.shared.jobs import now_ms
+from inferq.shared.queue import JobQueue
+from inferq.shared.registry import WorkerRegistry
 
 router = APIRouter(tags=["health"])
+authed = APIRouter(tags=["health"])  # behind INFERQ_API_KEYS (the app adds the dependency)
+
+# Items older than this with no batch finished by any worker in that window: stalled.
+STALLED_AFTER_S = 30.0
 
 
 @router.get("/healthz")
@@ -17,17 +41,81 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(request: Request) -> FastJSON:
+async def readyz(settings: Config, queue: Queue, registry: Registry) -> FastJSON:
     """200 only when Redis answers and a live worker serves the default model."""
-    jobs = request.app.state.jobs
-    default = jobs.settings.default_model.name
     try:
-        await jobs.queue.ping()
-        unserved = [m for m in sorted(jobs.models) if not await jobs.registry.live(m, now_ms())]
-    except Exception as e:  # any Redis failure means not ready; never a 500 here
+        await queue.ping()
+        now = now_ms()
+        unserved = [m for m in sorted(settings.served_models) if not await registry.live(m, now)]
+    except QueueUnavailable as e:
         return FastJSON(
             {"status": "unavailable", "redis": False, "reason": str(e)}, status_code=503
         )
-    ready = default not in unserved
+    ready = settings.default_model.name not in unserved
     body = {"status": "ready" if ready else "no_worker", "redis": True, "unserved_models": unserved}
     return FastJSON(body, status_code=200 if ready else 503)
+
+
+def _model_status(
+    depth: int, oldest_age_ms: int | None, workers: list[dict[str, Any]], now: int
+) -> str:
+    if not workers:
+        return "unserved"
+    stalled_ms = STALLED_AFTER_S * 1000
+    if depth and oldest_age_ms is not None and oldest_age_ms > stalled_ms:
+        last = max((w.get("last_batch_at_ms") or 0 for w in workers), default=0)
+        last = last if isinstance(last, int) else 0
+        if now - last > stalled_ms:
+            return "stalled"
+    return "ok"
+
+
+async def health_report(
+    queue: JobQueue, registry: WorkerRegistry, models: list[str]
+) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, body) of `/v1/health`; Redis failures become `down`, never raise."""
+    try:
+        rtt_ms = await queue.ping()
+        queues = await queue.lanes(models)
+        now = now_ms()
+        workers = await registry.beats(models, now)
+    except QueueUnavailable as e:
+        body = {
+            "status": "down",
+            "checked_at_ms": now_ms(),
+            "redis": {"up": False, "rtt_ms": None, "error": f"{type(e).__name__}: {e}"},
+            "models": {m: {"status": "unknown"} for m in models},
+            "problems": ["redis unreachable"],
+        }
+        return 503, body
+    per_model: dict[str, Any] = {}
+    problems: list[str] = []
+    for m in models:
+        depth, oldest_ms = queues[m]
+        age = max(0, now - oldest_ms) if oldest_ms is not None else None
+        status = _model_status(depth, age, workers[m], now)
+        if status == "unserved":
+            problems.append(f"{m}: no live worker")
+        elif status == "stalled":
+            problems.append(f"{m}: items queued {age} ms and no batch finished")
+        per_model[m] = {
+            "status": status,
+            "queue_depth": depth,
+            "oldest_queued_age_ms": age,
+            "workers": workers[m],
+        }
+    body = {
+        "status": "degraded" if problems else "ok",
+        "checked_at_ms": now,
+        "redis": {"up": True, "rtt_ms": rtt_ms},
+        "models": per_model,
+        "problems": problems,
+    }
+    return 200, body
+
+
+@authed.get("/v1/health")
+async def health(settings: Config, queue: Queue, registry: Registry) -> FastJSON:
+    """Overall status, Redis round-trip, per model: queue depth, oldest age, live workers."""
+    code, body = await health_report(queue, registry, sorted(settings.served_models))
+    return FastJSON(body, status_code=code)

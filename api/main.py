@@ -43,6 +43,8 @@ def main(settings: Settings, host: str, port: int) -> int:
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=10,
+        timeout_keep_alive=max(1, round(settings.keepalive_s)),
+        http="auto",  # httptools (C) when installed, as the api extra does; h11 otherwise
         log_level=logging.getLevelName(logging.getLogger().level).lower(),
     )
     _Server(config, app).run()

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from inferq.api.inputs import InputItem
+
 
 class SubmitRequest(BaseModel):
-    """Exactly one of `input` (one text) or `inputs` (a list of texts)."""
+    """Exactly one of `input` (one item) or `inputs` (a list). An item is a string (text),
+    `{"image": "<base64>"}` or `{"tensor": {"dtype", "shape", "data"}}`."""
 
     model_config = ConfigDict(extra="forbid")
 
-    inputs: list[str] | None = Field(None, description="Texts to run; one output each, in order.")
-    input: str | None = Field(None, description="A single text (same as inputs=[input]).")
+    inputs: list[InputItem] | None = Field(
+        None, description="Inputs to run; one output each, in order."
+    )
+    input: InputItem | None = Field(None, description="A single input (same as inputs=[input]).")
     model: str | None = Field(None, description="Model name; default is the server's INFERQ_MODEL.")
     priority: Literal["high", "normal", "low"] = Field(
         "normal",
@@ -25,19 +30,24 @@ class SubmitRequest(BaseModel):
         le=86_400,
         description="Deadline from now; default INFERQ_JOB_TIMEOUT_S. Past it: expired.",
     )
+    parameters: dict[str, Any] = Field(
+        default_factory=dict,
+        description='Passed to the model, which validates them (e.g. {"top_k": 3}); names the '
+        "model does not take → 422.",
+    )
 
     @model_validator(mode="after")
     def _one_of(self) -> SubmitRequest:
         if (self.inputs is None) == (self.input is None):
-            raise ValueError(
-                "give exactly one of 'input' (a string) or 'inputs' (a list of strings)"
-            )
+            raise ValueError("give exactly one of 'input' (one item) or 'inputs' (a list)")
         if self.inputs is not None and not self.inputs:
-            raise ValueError("'inputs' is empty: give at least one string")
+            raise ValueError("'inputs' is empty: give at least one")
         return self
 
-    def texts(self) -> list[str]:
-        return self.inputs if self.inputs is not None else [self.input or ""]
+    def items(self) -> list[InputItem]:
+        if self.inputs is not None:
+            return self.inputs
+        return [self.input if self.input is not None else ""]
 
 
 class InferRequest(SubmitRequest):
@@ -71,7 +81,9 @@ class JobView(BaseModel):
     id: str
     model: str
     status: Literal["queued", "running", "succeeded", "failed", "expired", "cancelled"]
-    outputs: list[list[float]] | None = None
+    outputs: list[Any] | None = Field(
+        None, description="One per input: a vector, a list of labels or boxes, a text..."
+    )
     error: ErrorBody | None = None
     timings: Timings
     position: int | None = Field(None, description="Jobs ahead of this one (while queued).")

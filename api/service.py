@@ -1,4 +1,12 @@
-"""What the routes do, without HTTP: validate, admit, submit, wait, cancel."""
+"""What the routes do, without HTTP: one submit(-and-wait) pipeline for every route.
+
+`submit` resolves the model, checks the inputs against what the model takes (its workers
+declare it in Redis: input kinds, parameter names), admits (items, bytes, and whether the
+queue ahead can finish before the deadline), records and enqueues, and counts the job as
+submitted or rejected. `run` is submit then wait, cancelling the job if the client leaves
+before any worker has started it. `/v1/jobs`, `/v1/infer` and `/v1/embeddings` all come
+through here, so metrics, admission, idempotency and cancel-on-disconnect are the same on all.
+"""
 
 from __future__ import annotations
 
@@ -7,38 +15,67 @@ import contextlib
 import hashlib
 import math
 import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any
 
+from inferq.api.errors import request_error
+from inferq.api.inputs import InputItem, wire_images, wire_inputs
 from inferq.api.notifier import Notifier
 from inferq.shared.errors import (
     InputInvalid,
-    InputTooLarge,
     JobConflict,
     JobNotFound,
     ModelNotServed,
     Overloaded,
+    RequestError,
 )
 from inferq.shared.jobs import ErrorCode, Job, JobError, Status, encode_final, new_job_id, now_ms
+from inferq.shared.metrics import ApiMetrics
 from inferq.shared.queue import JobQueue
-from inferq.shared.registry import WorkerRegistry
+from inferq.shared.registry import ModelInfo, WorkerRegistry
+from inferq.shared.schema import InputKind
 from inferq.shared.settings import Settings
 
 # Even with pub/sub a waiter re-reads this often: a missed message costs at most this long.
 RECHECK_S = 2.0
-# Worker throughput is read from heartbeats at most this often per model.
+# Worker throughput and model declarations are read from Redis at most this often per model.
 THROUGHPUT_TTL_S = 1.0
+INFO_TTL_S = 5.0
+
+
+@dataclass(slots=True)
+class Submission:
+    """One job as a route parsed it: JSON items or uploaded image files, not yet checked."""
+
+    items: list[InputItem] = field(default_factory=list)
+    files: list[bytes] = field(default_factory=list)
+    model: str | None = None
+    tenant: str = ""
+    priority: str = "normal"
+    timeout_s: float | None = None
+    idempotency_key: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
 
 
 class JobService:
     def __init__(
-        self, settings: Settings, queue: JobQueue, registry: WorkerRegistry, notifier: Notifier
+        self,
+        settings: Settings,
+        queue: JobQueue,
+        registry: WorkerRegistry,
+        notifier: Notifier,
+        metrics: ApiMetrics,
     ) -> None:
         self.settings = settings
         self.queue = queue
         self.registry = registry
         self.notifier = notifier
+        self.metrics = metrics
         self.models = settings.served_models
         self.shutting_down = False
         self._throughput: dict[str, tuple[float, float]] = {}  # model → (read at, items/s)
+        self._info: dict[str, tuple[float, ModelInfo | None]] = {}  # model → (read at, info)
 
     def resolve_model(self, requested: str | None) -> str:
         name = requested or self.settings.default_model.name
@@ -46,20 +83,6 @@ class JobService:
             served = ", ".join(sorted(self.models))
             raise ModelNotServed(f"model {name!r} is not served here; served: {served}")
         return name
-
-    def check_inputs(self, texts: list[str]) -> None:
-        s = self.settings
-        if len(texts) > s.max_inputs_per_job:
-            raise InputTooLarge(
-                f"{len(texts)} inputs exceed INFERQ_MAX_INPUTS_PER_JOB={s.max_inputs_per_job}"
-            )
-        for i, t in enumerate(texts):
-            if len(t) > s.max_input_chars:
-                raise InputTooLarge(
-                    f"input {i} has {len(t)} characters, over INFERQ_MAX_INPUT_CHARS={s.max_input_chars}"
-                )
-            if not t.strip():
-                raise InputInvalid(f"input {i} is empty")
 
     async def throughput(self, model: str) -> float:
         """Recent items/s of the model's live workers (cached briefly per process)."""
@@ -71,41 +94,87 @@ class JobService:
         self._throughput[model] = (now, value)
         return value
 
-    async def submit(
-        self,
-        texts: list[str],
-        model: str | None,
-        *,
-        tenant: str = "",
-        priority: str = "normal",
-        timeout_s: float | None = None,
-        idempotency_key: str | None = None,
-    ) -> Job:
-        name = self.resolve_model(model)
-        self.check_inputs(texts)
-        timeout_s = timeout_s or self.settings.job_timeout_s
+    async def model_info(self, model: str) -> ModelInfo | None:
+        """What `model` takes, as its workers declared it (None until one has started)."""
+        now = time.monotonic()
+        cached = self._info.get(model)
+        if cached is not None and now - cached[0] < INFO_TTL_S:
+            return cached[1]
+        info = await self.registry.model_info(model)
+        self._info[model] = (now, info)
+        return info
+
+    async def check_model(self, model: str, sub: Submission, kinds: list[InputKind]) -> None:
+        """Inputs of a kind the model does not take, or parameters it does not know → 422."""
+        info = await self.model_info(model)
+        if info is None:
+            return  # no worker has declared it yet: the worker checks (invalid_input)
+        for i, kind in enumerate(kinds):
+            if kind not in info.inputs:
+                raise InputInvalid(
+                    f"input {i} is {kind}, but model {model!r} takes {', '.join(info.inputs)}"
+                )
+        if unknown := sorted(set(sub.parameters) - set(info.parameters)):
+            takes = ", ".join(sorted(info.parameters)) or "none"
+            raise InputInvalid(
+                f"unknown parameters {unknown} for model {model!r}; it takes: {takes}"
+            )
+
+    async def submit(self, sub: Submission) -> Job:
+        """Admit, record, enqueue; every accepted and every refused job is counted."""
+        model = sub.model or self.settings.default_model.name
+        try:
+            job, created = await self._submit(sub)
+        except RequestError as e:
+            reason = e.reason if isinstance(e, Overloaded) else request_error(e)[1]
+            self.metrics.jobs_rejected.labels(model=model, reason=reason).inc()
+            raise
+        if created:  # an Idempotency-Key repeat returns the first job: not a new submission
+            self.metrics.jobs_submitted.labels(model=job.model).inc()
+        return job
+
+    async def _submit(self, sub: Submission) -> tuple[Job, bool]:
+        name = self.resolve_model(sub.model)
+        if sub.files:
+            inputs, kinds = wire_images(sub.files, self.settings)
+        else:
+            inputs, kinds = wire_inputs(sub.items, self.settings)
+        await self.check_model(name, sub, kinds)
+        timeout_s = sub.timeout_s or self.settings.job_timeout_s
         created = now_ms()
         job = Job(
-            id=new_job_id(), model=name, inputs=texts, tenant=tenant, priority=priority,
-            created_ms=created, deadline_ms=created + int(timeout_s * 1000),
+            id=new_job_id(), model=name, inputs=inputs, tenant=sub.tenant,
+            priority=sub.priority, created_ms=created,
+            deadline_ms=created + int(timeout_s * 1000), parameters=sub.parameters,
         )  # fmt: skip
         rate = await self.throughput(name)
         # Admit only what can finish in time: the queue ahead drains at `rate` items/s.
         limit = self.settings.max_queue
         if rate > 0:
-            limit = min(limit, max(len(texts), int(rate * timeout_s)))
+            limit = min(limit, max(len(inputs), int(rate * timeout_s)))
         key_hash = None
-        if idempotency_key is not None:
-            key_hash = hashlib.sha256(idempotency_key.encode()).hexdigest()
+        if sub.idempotency_key is not None:
+            key_hash = hashlib.sha256(sub.idempotency_key.encode()).hexdigest()
         done = await self.queue.submit(
-            job, max_queue=limit, idempotency_key=key_hash,
-            idempotency_ttl_s=self.settings.idempotency_ttl_s,
+            job, max_queue=limit, max_bytes=self.settings.max_queue_bytes,
+            idempotency_key=key_hash, idempotency_ttl_s=self.settings.idempotency_ttl_s,
         )  # fmt: skip
         if done.outcome == "duplicate":
-            return await self.get(done.job_id, tenant)
+            return await self.get(done.job_id, sub.tenant), False
+        if done.outcome == "full_bytes":
+            raise Overloaded(
+                f"model {name!r} holds {done.depth} input bytes in Redis "
+                f"(INFERQ_MAX_QUEUE_BYTES={self.settings.max_queue_bytes})",
+                self._retry_after(len(inputs), rate),
+                "queue_bytes",
+            )
         if done.outcome == "full":
-            self._reject(name, done.depth, len(texts), rate, timeout_s)
-        return job
+            self._reject(name, done.depth, len(inputs), rate, timeout_s)
+        return job, True
+
+    @staticmethod
+    def _retry_after(items: int, rate: float) -> int:
+        return max(1, math.ceil(items / rate)) if rate > 0 else 1
 
     def _reject(self, model: str, depth: int, items: int, rate: float, timeout_s: float) -> None:
         # Retry when enough of the queue ahead has drained for this job to fit.
@@ -123,6 +192,24 @@ class JobService:
             retry,
             "deadline",
         )
+
+    async def run(self, sub: Submission, wait_s: float, gone: Awaitable[None]) -> Job | None:
+        """Submit and wait up to `wait_s`; None if the client left first (`gone` returned),
+        in which case the job is cancelled unless a worker has started it."""
+        job = await self.submit(sub)
+        queued = job if job.status is Status.QUEUED else None  # just created: no re-read
+        waiter = asyncio.ensure_future(self.wait(job.id, wait_s, sub.tenant, submitted=queued))
+        left = asyncio.ensure_future(gone)
+        try:
+            await asyncio.wait({waiter, left}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            left.cancel()
+        if waiter.done():
+            return waiter.result()
+        waiter.cancel()
+        with contextlib.suppress(RequestError):
+            await self.cancel(job.id, sub.tenant, only_if_queued=True)
+        return None
 
     async def get(self, job_id: str, tenant: str = "") -> Job:
         job = await self.queue.get(job_id)

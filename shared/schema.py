@@ -43,6 +43,30 @@ class ErrorCode(StrEnum):
     POISONED = "poisoned"  # it was on the device at `max_deliveries` worker deaths
 
 
+class InputKind(StrEnum):
+    """What one input of a job is (how it travels: see `inferq.shared.jobs`)."""
+
+    TEXT = "text"
+    IMAGE = "image"  # encoded bytes (JPEG, PNG, WebP), decoded by the model's prepare
+    TENSOR = "tensor"  # raw array: dtype, shape and little-endian bytes
+
+
+class OutputKind(StrEnum):
+    """What a model returns per input."""
+
+    VECTOR = "vector"  # float32, one row per item (raw bytes on the wire)
+    LABELS = "labels"  # [{"label", "index", "score"}, ...] per item, best first
+    BOXES = "boxes"  # [{"box": [x0, y0, x1, y1], "label", "score"}, ...] per item
+    TEXT = "text"  # a string per item
+    ANY = "any"  # any msgpack-able value
+
+
+#: dtypes a tensor input may carry (what numpy reads from bytes without surprises).
+TENSOR_DTYPES = frozenset(
+    {"float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool"}
+)
+
+
 class JobField(StrEnum):
     """Fields of the job hash (`keys.job(id)`); each value is msgpack-encoded."""
 

@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     max_image_bytes: int = Field(
         20 * 1024 * 1024, gt=0, description="A larger single image (its encoded bytes) → 413."
     )
+    max_tensor_bytes: int = Field(
+        20 * 1024 * 1024, gt=0, description="A larger single tensor input (its raw bytes) → 413."
+    )
     max_queue_bytes: int = Field(
         512 * 1024 * 1024,
         gt=0,
@@ -87,6 +90,14 @@ class Settings(BaseSettings):
     )
     sync_wait_s: float = Field(30.0, ge=0, le=60, description="Default wait of POST /v1/infer.")
     max_long_poll_s: float = Field(60.0, gt=0, description="Cap on ?wait= and on the infer wait.")
+    keepalive_s: float = Field(
+        75.0,
+        gt=0,
+        description="How long the API keeps an idle HTTP connection open. Keep it longer than "
+        "the idle timeout of every client pool and proxy in front (nginx's upstream "
+        "keepalive_timeout, 60 s in deploy/nginx.conf): the side that closes an idle "
+        "connection must be the client, or a request sent as the server closes gets a reset.",
+    )
     redis_timeout_s: float = Field(
         2.0, gt=0, description="API socket timeout: an unreachable Redis answers 503, never hangs."
     )

@@ -181,7 +181,7 @@ def test_bad_requests_are_4xx(stack: Stack) -> None:
         (b'{"input": "much too long for ten"}', 413),
         (b'{"input": "   "}', 422),
         (b'{"input": "a", "model": "nope"}', 404),
-        (b'{"input": "\xff\xfe"}', 400),
+        (b'{"input": "\xff\xfe"}', 422),  # not UTF-8: invalid JSON
         (b"[]", 422),
     ]
     for body, status in cases:

@@ -13,6 +13,7 @@ from inferq.api.notifier import Notifier
 from inferq.api.service import JobService
 from inferq.shared import keys
 from inferq.shared.jobs import Job, Status, encode_final, encode_submit
+from inferq.shared.metrics import api_metrics
 from inferq.shared.queue import JobQueue
 from inferq.shared.registry import WorkerRegistry
 from inferq.shared.settings import Settings
@@ -64,7 +65,7 @@ async def test_wait_after_submit_skips_the_first_read(
 ) -> None:
     n, r = parts
     service = JobService(
-        Settings(_env_file=None), JobQueue(r, result_ttl_s=60), WorkerRegistry(r), n
+        Settings(_env_file=None), JobQueue(r, result_ttl_s=60), WorkerRegistry(r), n, api_metrics()
     )
     reads: list[str] = []
     real_get = service.get

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from inferq.api import app as app_module
-from inferq.api import observability, status
+from inferq.api import health
 from inferq.shared import keys
 from inferq.shared.jobs import now_ms
 from inferq.shared.registry import decode_beat as decode_heartbeat
@@ -28,8 +28,6 @@ def client(monkeypatch: pytest.MonkeyPatch) -> Iterator[Client]:
         app_module, "pubsub_client", lambda *a, **k: fakeredis.FakeAsyncRedis(server=server)
     )
     app = app_module.create_app(Settings(model="echo", models=["echo", "other=echo"]))
-    app.include_router(observability.router)
-    app.include_router(status.router)
     with TestClient(app) as c:
         yield c, fake, server
 
@@ -97,7 +95,7 @@ def test_health_degraded_until_every_model_is_served(client: Client) -> None:
 
 def test_health_stalled_queue_is_degraded(client: Client) -> None:
     c, fake, _ = client
-    old = now_ms() - int(observability.STALLED_AFTER_S * 1000) - 5000
+    old = now_ms() - int(health.STALLED_AFTER_S * 1000) - 5000
     _beat(c, fake, "echo", "w-echo", last_batch_at_ms=str(old))
     _beat(c, fake, "other", "w-other")
     c.portal.call(lambda: fake.xadd(keys.stream("echo"), {"job": "j1"}, id=f"{old}-0"))  # type: ignore[attr-defined]

@@ -29,30 +29,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-
-class InputKind(StrEnum):
-    TEXT = "text"
-    IMAGE = "image"  # encoded bytes (JPEG, PNG, WebP), decoded by the model's prepare
-    TENSOR = "tensor"  # raw array: dtype, shape and little-endian bytes
-
-
-class OutputKind(StrEnum):
-    VECTOR = "vector"  # float32, one row per item
-    LABELS = "labels"  # [{"label", "index", "score"}, ...] per item, best first
-    BOXES = "boxes"  # [{"box": [x0, y0, x1, y1], "label", "score"}, ...] per item
-    TEXT = "text"  # a string per item
-    ANY = "any"  # any msgpack-able value
-
-
-#: dtypes a tensor input may carry (what numpy reads from bytes without surprises).
-TENSOR_DTYPES = frozenset(
-    {"float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool"}
-)
+from inferq.shared.schema import InputKind, OutputKind  # model authors import them from here
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,91 @@
+"""One pipeline behind /v1/jobs, /v1/infer and /v1/embeddings: the same metrics, admission,
+idempotency and cancel-on-disconnect on all three (real API process, real Redis)."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from inferq.shared import keys
+from tests.integration.stack import Stack, wait_for
+
+ROUTES = {
+    "/v1/jobs": lambda text: {"input": text},
+    "/v1/infer": lambda text: {"input": text, "wait": 0},
+    "/v1/embeddings": lambda text: {"input": text, "wait": 0},
+}
+
+
+def _metric(base: str, name: str, **labels: str) -> float:
+    text = httpx.get(f"{base}/metrics", timeout=5).text
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        m = re.match(rf"{name}\{{(.*)\}} (\S+)$", line)
+        if m and ",".join(sorted(m.group(1).split(","))) == want:
+            return float(m.group(2))
+    return 0.0
+
+
+@pytest.mark.parametrize("path", sorted(ROUTES))
+def test_every_route_counts_submissions_and_refusals_and_answers_429(
+    stack: Stack, path: str
+) -> None:
+    base = stack.api(max_queue=1)  # no worker: the first job stays queued
+    body = ROUTES[path]
+    assert httpx.post(f"{base}{path}", json=body("first"), timeout=10).status_code == 202
+    assert _metric(base, "inferq_jobs_submitted_total", model="echo") == 1
+    r = httpx.post(f"{base}{path}", json=body("second"), timeout=10)
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1, r.text
+    assert "INFERQ_MAX_QUEUE=1" in r.text
+    assert _metric(base, "inferq_jobs_rejected_total", model="echo", reason="queue_full") == 1
+    assert _metric(base, "inferq_jobs_submitted_total", model="echo") == 1
+
+
+@pytest.mark.parametrize("path", sorted(ROUTES))
+def test_every_route_honours_the_idempotency_key(stack: Stack, path: str) -> None:
+    base = stack.api()
+    headers = {"Idempotency-Key": f"same-{path}"}
+    first = httpx.post(f"{base}{path}", json=ROUTES[path]("once"), headers=headers, timeout=10)
+    again = httpx.post(f"{base}{path}", json=ROUTES[path]("once"), headers=headers, timeout=10)
+    assert first.status_code == again.status_code == 202
+    assert first.json()["id"] == again.json()["id"]
+    assert stack.r.xlen(keys.stream("echo")) == 1
+
+
+@pytest.mark.parametrize("path", ["/v1/infer", "/v1/embeddings"])
+def test_a_client_that_leaves_cancels_its_unstarted_job(stack: Stack, path: str) -> None:
+    base = stack.api()  # no worker: nothing starts the job
+    headers = {"Idempotency-Key": f"leaves-{path}"}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{base}{path}", json={"input": "nobody waits"}, headers=headers, timeout=0.5)
+    # The same key on /v1/jobs hands back the job the first request created.
+    same = httpx.post(f"{base}/v1/jobs", json={"input": "nobody waits"}, headers=headers, timeout=5)
+    job_id = same.json()["id"]
+
+    def cancelled() -> bool:
+        return httpx.get(f"{base}/v1/jobs/{job_id}", timeout=5).json()["status"] == "cancelled"
+
+    wait_for(cancelled, 10, "the job to be cancelled")
+    assert _metric(base, "inferq_jobs_submitted_total", model="echo") == 1
+
+
+def test_retry_after_is_the_time_for_the_backlog_to_drain(stack: Stack) -> None:
+    """With a measured rate, Retry-After = ceil(excess items / items per second)."""
+    from inferq.shared.registry import WorkerBeat
+
+    base = stack.api(max_queue=10)
+    now = int(__import__("time").time() * 1000)
+    beat = WorkerBeat(
+        id="w", host="h", pid=1, model="echo", backend="echo", device="cpu", token_ceiling=1,
+        items_per_s=2.0, last_batch_size=1, last_batch_tokens=1, last_batch_at_ms=now, batches=1,
+        ooms=0, held_items=0, beat_ms=now, mem_allocated=0, mem_reserved=0, mem_total=0,
+    )  # fmt: skip
+    stack.r.hset(keys.worker("w"), mapping=beat.to_hash())
+    stack.r.zadd(keys.workers("echo"), {"w": now + 60_000})
+    for i in range(10):
+        assert httpx.post(f"{base}/v1/jobs", json={"input": f"q {i}"}, timeout=5).status_code == 202
+    r = httpx.post(f"{base}/v1/jobs", json={"inputs": ["a", "b", "c", "d", "e"]}, timeout=5)
+    # 10 queued + 5 = 15 items; the cap is 10: 5 too many at 2 items/s → 3 s (not the floor 1).
+    assert r.status_code == 429 and r.headers["retry-after"] == "3", (r.headers, r.text)
