@@ -49,6 +49,7 @@ async def models(settings: Config, jobs: Jobs, registry: Registry) -> FastJSON:
 @router.get("/metrics", include_in_schema=False)
 async def metrics(settings: Config, jobs: Jobs, m: Metrics) -> Response:
     """The API's registry in Prometheus text; queue depths are read from Redis first."""
+    m.requests_waiting.set(jobs.notifier.waiting)
     try:
         for n in sorted(settings.served_models):
             m.queue_depth.labels(model=n).set(await jobs.queue.queue_depth(n))

@@ -28,6 +28,8 @@ def job_view(job: Job) -> dict[str, Any]:
     if job.error is not None:
         view["error"] = {"code": job.error.code, "message": job.error.message}
     view["timings"] = job.timings()
+    if job.worker:
+        view["worker"] = job.worker
     return view
 
 

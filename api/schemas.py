@@ -86,6 +86,7 @@ class JobView(BaseModel):
     )
     error: ErrorBody | None = None
     timings: Timings
+    worker: str | None = Field(None, description="The worker that wrote the outcome.")
     position: int | None = Field(None, description="Jobs ahead of this one (while queued).")
     eta_ms: int | None = Field(None, description="Estimated time to result (while queued).")
 

@@ -37,8 +37,6 @@ from inferq.shared.registry import ModelInfo, WorkerRegistry
 from inferq.shared.schema import InputKind
 from inferq.shared.settings import Settings
 
-# Even with pub/sub a waiter re-reads this often: a missed message costs at most this long.
-RECHECK_S = 2.0
 # Worker throughput and model declarations are read from Redis at most this often per model.
 THROUGHPUT_TTL_S = 1.0
 INFO_TTL_S = 5.0
@@ -279,6 +277,6 @@ class JobService:
                 if job.status.is_final or remaining <= 0 or self.shutting_down:
                     return job
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(fut, min(remaining, RECHECK_S))
+                    await asyncio.wait_for(fut, min(remaining, self.settings.long_poll_recheck_s))
             finally:
                 self.notifier.unwatch(job_id, fut)

@@ -79,6 +79,7 @@ class Job:
     error: JobError | None = None
     batch_size: int = 0
     batch_tokens: int = 0
+    worker: str = ""  # which worker wrote the outcome
 
     def timings(self) -> dict[str, int | None]:
         """queued: created → taken by a worker; run: taken → final (batching wait + model)."""
@@ -170,6 +171,7 @@ def encode_final(
     error: JobError | None = None,
     batch_size: int = 0,
     batch_tokens: int = 0,
+    worker: str = "",
 ) -> dict[str, bytes]:
     """Fields written (once, guarded) when a job becomes final."""
     fields: dict[str, bytes] = {
@@ -178,6 +180,8 @@ def encode_final(
         F.BATCH_SIZE: _pack(batch_size),
         F.BATCH_TOKENS: _pack(batch_tokens),
     }
+    if worker:
+        fields[F.WORKER] = _pack(worker)
     if outputs is not None:
         fields[F.OUTPUTS] = _pack(encode_outputs(outputs))
     if error is not None:
@@ -222,6 +226,7 @@ def decode_job(raw: dict[bytes, bytes]) -> Job:
             error=None if err is None else JobError(_code(err["code"]), err["message"]),
             batch_size=f.get(F.BATCH_SIZE, 0),
             batch_tokens=f.get(F.BATCH_TOKENS, 0),
+            worker=f.get(F.WORKER, ""),
         )
     except CodecError:
         raise

@@ -8,6 +8,7 @@ build fresh ones:
 | `inferq_jobs_submitted_total`        | counter   | model          | api    |
 | `inferq_jobs_rejected_total`         | counter   | model, reason  | api    |
 | `inferq_queue_depth`                 | gauge     | model          | api    |
+| `inferq_requests_waiting`            | gauge     | –              | api    |
 | `inferq_jobs_finished_total`         | counter   | model, status  | worker |
 | `inferq_job_queue_seconds`           | histogram | model          | worker |
 | `inferq_job_latency_seconds`         | histogram | model          | worker |
@@ -79,13 +80,15 @@ SECONDS_BUCKETS = (
 class ApiMetrics:
     """The API process's metrics on their own registry.
 
-    `queue_depth` is set from Redis (XLEN per served model) right before each scrape.
+    `queue_depth` is set from Redis (XLEN per served model) and `requests_waiting` from the
+    process's notifier right before each scrape.
     """
 
     registry: CollectorRegistry
     jobs_submitted: Counter
     jobs_rejected: Counter
     queue_depth: Gauge
+    requests_waiting: Gauge
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,11 @@ def api_metrics(registry: CollectorRegistry | None = None) -> ApiMetrics:
             f"{PREFIX}_queue_depth",
             "Entries in the model's job stream (XLEN), read at scrape time.",
             ["model"],
+            registry=reg,
+        ),
+        requests_waiting=Gauge(
+            f"{PREFIX}_requests_waiting",
+            "Long-polls and /v1/infer calls of this API process waiting for a result.",
             registry=reg,
         ),
     )

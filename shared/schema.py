@@ -90,3 +90,4 @@ class JobField(StrEnum):
     ERROR = "error"
     BATCH_SIZE = "batch_size"
     BATCH_TOKENS = "batch_tokens"
+    WORKER = "worker"  # the consumer that wrote the outcome (absent for API-side outcomes)

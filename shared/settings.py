@@ -90,6 +90,13 @@ class Settings(BaseSettings):
     )
     sync_wait_s: float = Field(30.0, ge=0, le=60, description="Default wait of POST /v1/infer.")
     max_long_poll_s: float = Field(60.0, gt=0, description="Cap on ?wait= and on the infer wait.")
+    long_poll_recheck_s: float = Field(
+        2.0,
+        gt=0,
+        description="A waiting request re-reads its job this often even without a completion "
+        "message: the most a lost pub/sub message can delay an answer. Shorter costs one Redis "
+        "read per waiter per period.",
+    )
     keepalive_s: float = Field(
         75.0,
         gt=0,

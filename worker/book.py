@@ -48,8 +48,10 @@ class Book:
         stats: Stats,
         telemetry: Telemetry,
         clock: Clock,
+        worker: str = "",
     ) -> None:
         self.model_name = model_name
+        self.worker = worker
         self.scheduler = scheduler
         self.outbox = outbox
         self.stats = stats
@@ -85,6 +87,7 @@ class Book:
         fields = encode_final(
             final, finished_ms=end, outputs=job_outputs(state.outputs) if error is None else None,
             error=error, batch_size=state.batch_size, batch_tokens=state.batch_tokens,
+            worker=self.worker,
         )  # fmt: skip
         self.telemetry.on_final(state.job, final, end)
         if error is not None and error.code != ErrorCode.EXPIRED:

@@ -93,7 +93,13 @@ class Worker:
         self.telemetry = Telemetry(settings, model_name, device, metrics)
         self.outbox = Outbox(self.queue)
         self.book = Book(
-            model_name, self.scheduler, self.outbox, self.stats, self.telemetry, self.clock
+            model_name,
+            self.scheduler,
+            self.outbox,
+            self.stats,
+            self.telemetry,
+            self.clock,
+            worker=self.consumer,
         )
         self.intake = Intake(
             self.queue, self.registry, model, settings,

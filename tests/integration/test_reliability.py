@@ -8,6 +8,7 @@ import time
 import httpx
 
 from inferq.shared import keys
+from inferq.shared.jobs import decode_job
 from inferq.worker.models.echo import expected_vector
 from tests.integration.stack import Stack, wait_for
 
@@ -23,17 +24,27 @@ def _job(base: str, job_id: str, wait: float = 0, **kw: object) -> dict:
 
 
 def test_live_worker_takes_over_a_killed_workers_jobs(stack: Stack) -> None:
+    """B finishes what A held: the job A had on the device (one start counted on A) and the
+    one waiting in A's hands (never started there, so A's death costs it no attempt)."""
     fast = {"heartbeat_ttl_s": 2, "visibility_timeout_s": 60}
-    a = stack.worker(worker_id="A", echo_batch_delay_ms=3000, **fast)
+    a = stack.worker(worker_id="A", echo_batch_delay_ms=3000, max_batch_size=1, **fast)
     base = stack.api()
-    job = _post(base, {"input": "held by A"}).json()
-    wait_for(lambda: _job(base, job["id"])["status"] == "running", 10, "A to take the job")
+    on_device = _post(base, {"input": "on A's device"}).json()
+    waiting = _post(base, {"input": "in A's hands"}).json()
+    wait_for(lambda: _job(base, on_device["id"])["status"] == "running", 10, "A to start a job")
+    wait_for(lambda: _job(base, waiting["id"])["status"] == "running", 10, "A to hold the other")
     stack.worker(worker_id="B", **fast)
     a.popen.kill()
     killed = time.monotonic()
-    body = _job(base, job["id"], wait=20)
+    bodies = {k: _job(base, j["id"], wait=20) for k, j in (("dev", on_device), ("held", waiting))}
     took = time.monotonic() - killed
-    assert body["status"] == "succeeded" and body["outputs"] == [expected_vector("held by A")]
+    assert bodies["dev"]["status"] == "succeeded" and bodies["held"]["status"] == "succeeded"
+    assert bodies["dev"]["outputs"] == [expected_vector("on A's device")]
+    assert {b["worker"] for b in bodies.values()} == {"B"}  # B really produced both results
+    attempts = {
+        k: decode_job(stack.r.hgetall(keys.job(b["id"]))).attempts for k, b in bodies.items()
+    }
+    assert attempts == {"dev": 2, "held": 1}, attempts  # A's start counts; A's holding does not
     assert took < 15, f"take-over took {took:.1f}s"
 
 

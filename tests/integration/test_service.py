@@ -41,19 +41,19 @@ def test_async_submit_then_get(stack: Stack) -> None:
     assert httpx.get(f"{base}/v1/jobs/doesnotexist", timeout=5).status_code == 404
 
 
-def test_long_poll_returns_within_100ms_of_completion(stack: Stack) -> None:
+def test_long_poll_is_woken_by_the_completion_message(stack: Stack) -> None:
+    """The mechanism, not a latency: with the periodic re-read an hour away, only the
+    worker's completion message can end this wait early. (Latency: `inferq bench`.)"""
     stack.worker(echo_batch_delay_ms=700)
-    base = stack.api()
+    base = stack.api(long_poll_recheck_s=3600)
     job = _submit(base, ["slow one"])
-    r = httpx.get(f"{base}/v1/jobs/{job['id']}", params={"wait": 10}, timeout=15)
-    answered_ms = time.time() * 1000
+    t0 = time.monotonic()
+    r = httpx.get(f"{base}/v1/jobs/{job['id']}", params={"wait": 30}, timeout=40)
+    answered = time.monotonic()
     body = r.json()
-    assert body["status"] == "succeeded"
-    finished_ms = stack_finished_ms(stack, job["id"])
-    assert answered_ms - finished_ms < 100, (
-        f"long-poll answered {answered_ms - finished_ms:.0f} ms late"
-    )
-    assert body["timings"]["run_ms"] >= 700
+    assert body["status"] == "succeeded" and body["timings"]["run_ms"] >= 700
+    assert answered - t0 < 20, f"answered after {answered - t0:.1f}s: not woken"
+    assert stack_finished_ms(stack, job["id"]) <= time.time() * 1000
 
 
 def stack_finished_ms(stack: Stack, job_id: str) -> int:

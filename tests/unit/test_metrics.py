@@ -19,6 +19,7 @@ API = {
     "inferq_jobs_submitted": ("counter", {"model"}),
     "inferq_jobs_rejected": ("counter", {"model", "reason"}),
     "inferq_queue_depth": ("gauge", {"model"}),
+    "inferq_requests_waiting": ("gauge", set()),
 }
 WORKER = {
     "inferq_jobs_finished": ("counter", {"model", "status"}),
@@ -34,7 +35,12 @@ WORKER = {
 }
 # What a scrape shows: counters gain `_total`. The integration tests pin the same names.
 API_EXPOSED = frozenset(
-    {"inferq_jobs_submitted_total", "inferq_jobs_rejected_total", "inferq_queue_depth"}
+    {
+        "inferq_jobs_submitted_total",
+        "inferq_jobs_rejected_total",
+        "inferq_queue_depth",
+        "inferq_requests_waiting",
+    }
 )
 WORKER_EXPOSED = frozenset({
     "inferq_jobs_finished_total",
