@@ -151,7 +151,7 @@ async def create_embeddings(
             items=list(texts), model=req.model, tenant=tenant, idempotency_key=idempotency_key
         )
         wait_s = jobs.clamp_wait(req.wait, settings.sync_wait_s)
-        job = await jobs.run(sub, wait_s, disconnected(request))
+        job = await jobs.run(sub, wait_s, lambda: disconnected(request))
     except Overloaded as e:
         return openai_error(
             429, str(e), "rate_limit_error", e.reason, headers={"Retry-After": str(e.retry_after_s)}

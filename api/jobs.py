@@ -178,7 +178,9 @@ async def infer(
     job if no worker has started it.
     """
     sub, wait = await read_submission(request, settings, tenant, idempotency_key, infer=True)
-    job = await jobs.run(sub, jobs.clamp_wait(wait, settings.sync_wait_s), disconnected(request))
+    job = await jobs.run(
+        sub, jobs.clamp_wait(wait, settings.sync_wait_s), lambda: disconnected(request)
+    )
     if job is None:
         return FastJSON({"status": "cancelled"}, status_code=499)
     if not job.status.is_final:

@@ -15,7 +15,7 @@ import contextlib
 import hashlib
 import math
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,13 +191,16 @@ class JobService:
             "deadline",
         )
 
-    async def run(self, sub: Submission, wait_s: float, gone: Awaitable[None]) -> Job | None:
-        """Submit and wait up to `wait_s`; None if the client left first (`gone` returned),
-        in which case the job is cancelled unless a worker has started it."""
+    async def run(
+        self, sub: Submission, wait_s: float, gone: Callable[[], Awaitable[None]]
+    ) -> Job | None:
+        """Submit and wait up to `wait_s`; None if the client left first (`gone()` returned),
+        in which case the job is cancelled unless a worker has started it. `gone` is called
+        only once the job exists, so a refused submit leaves no un-awaited coroutine behind."""
         job = await self.submit(sub)
         queued = job if job.status is Status.QUEUED else None  # just created: no re-read
         waiter = asyncio.ensure_future(self.wait(job.id, wait_s, sub.tenant, submitted=queued))
-        left = asyncio.ensure_future(gone)
+        left = asyncio.ensure_future(gone())
         try:
             await asyncio.wait({waiter, left}, return_when=asyncio.FIRST_COMPLETED)
         finally:
