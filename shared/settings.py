@@ -88,7 +88,9 @@ class Settings(BaseSettings):
         description="Input bytes held in Redis per model (queued and running) before submits get "
         "429: a queue of large images can fill Redis' memory long before INFERQ_MAX_QUEUE items.",
     )
-    sync_wait_s: float = Field(30.0, ge=0, le=60, description="Default wait of POST /v1/infer.")
+    sync_wait_s: float = Field(
+        30.0, ge=0, le=60, description="Default wait of POST /v1/infer and /v1/embeddings."
+    )
     max_long_poll_s: float = Field(60.0, gt=0, description="Cap on ?wait= and on the infer wait.")
     long_poll_recheck_s: float = Field(
         2.0,
@@ -116,7 +118,9 @@ class Settings(BaseSettings):
 
     # --- worker ---
     model_path: str | None = Field(
-        None, description="Local model directory for 'minilm'-type models."
+        None,
+        description="Local model directory: a minilm-style encoder, or the Hugging Face causal-LM / "
+        "seq2seq directory the 'generate' model serves.",
     )
     device: str = Field("auto", description="'auto' (cuda if present), 'cpu', 'cuda', 'cuda:N'.")
     dtype: Literal["float32", "float16"] = Field("float32", description="CUDA only.")
@@ -145,7 +149,8 @@ class Settings(BaseSettings):
         0,
         ge=0,
         description="Batches run at once, each in its own model thread. 0 = auto: on a CPU, for "
-        "minilm traced or on ONNX (no GIL held), one per core up to 4; otherwise 1.",
+        "a built-in model that runs without holding the GIL (traced on torch, or on ONNX), one per "
+        "core up to 4; otherwise 1.",
     )
     intra_op_threads: int = Field(
         0,
@@ -165,12 +170,14 @@ class Settings(BaseSettings):
         5.0, gt=0, description="A worker is dead this long after its last beat."
     )
     backend: Literal["torch", "onnx"] = Field(
-        "torch", description="minilm runtime: torch or ONNX Runtime."
+        "torch",
+        description="Runtime of the built-in models (minilm, efficientnet-lite0): torch or "
+        "ONNX Runtime.",
     )
     torchscript: bool = Field(
         True,
-        description="minilm on torch: trace the encoder with TorchScript at load, so a batch runs "
-        "without holding the GIL (checked against eager at load; eager if they differ).",
+        description="Built-in models on torch: trace the net with TorchScript at load, so a batch "
+        "runs without holding the GIL (checked against eager at load; eager if they differ).",
     )
     onnx_variant: Literal["fp32", "int8"] = Field(
         "fp32",
@@ -198,8 +205,9 @@ class Settings(BaseSettings):
     visibility_timeout_s: float = Field(
         30.0,
         gt=0,
-        description="An entry idle this long is taken over from its (dead) worker. Live workers keep "
-        "their entries fresh, so this only bounds how long a crash delays a job.",
+        description="An entry idle this long is taken over from whoever holds it, even a live worker: "
+        "live workers keep their entries fresh only while their device makes progress, so this "
+        "bounds how long a hung worker (or an unnoticed crash) delays a job.",
     )
     drain_s: float = Field(
         30.0,
@@ -209,13 +217,19 @@ class Settings(BaseSettings):
         "left and exits non-zero. Keep it below the orchestrator's grace period.",
     )
     max_deliveries: int = Field(
-        3, gt=0, description="Deliveries before a job is dead-lettered (poisoned)."
+        3,
+        gt=0,
+        description="Device starts that never finished (the job was on the device when its worker "
+        "died) before the job is dead-lettered as poisoned.",
     )
     job_timeout_s: float = Field(
         300.0, gt=0, description="Default deadline of a job (body: timeout_s)."
     )
     max_queue: int = Field(
-        10_000, gt=0, description="Items waiting per model before submits get 429: bounds latency."
+        10_000,
+        gt=0,
+        description="Items queued or held by workers, per model, before submits get 429: "
+        "bounds latency.",
     )
     api_keys: SecretStr | None = Field(
         None, description="'tenant:key,...' or '@/path/file' (one pair per line). Unset = open API."
