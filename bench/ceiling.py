@@ -1,12 +1,18 @@
-"""The model alone, no server: one item at a time, then length-sorted batches.
+"""The model alone, no server: one item at a time, then batches at their best size and layout.
 
 Run as `python -m inferq.bench.ceiling CORPUS DURATION_S` (env BENCH_DEVICE, BENCH_BACKEND) in
 its own process, so its peak memory is the model's alone; prints one JSON line of rows.
-Single: prepare + run per item, texts in corpus order. Batched: the whole corpus sorted
-by length and cut into batches of 8/16/32 (32 is inferq's INFERQ_MAX_BATCH_SIZE), run
-in a seeded random order so a time-bounded pass still sees every length, in two layouts
-on a CPU (torch): one batch at a time on every core, and one batch per core at once on one
-thread each (what the inferq worker does by default); the best size and layout win.
+Single: prepare + run per item, in corpus order. Batched: batches in a seeded random order, so
+a time-bounded pass still sees every kind of item, in two layouts on a CPU (torch): one batch
+at a time on every core, and one batch per core at once on one thread each (what the inferq
+worker does by default); the best size and layout win.
+
+Text (minilm): the corpus is prepared up front (tokenizing is ~1 % of a batch's time), sorted
+by length and cut into batches of 8/16/32 (32 is inferq's INFERQ_MAX_BATCH_SIZE).
+Images (efficientnet-lite0): each batch is prepare (decode, resize, crop) + run, because
+decoding is a real share of an image's cost (~3 ms against ~25 ms of net per image on the
+2-core box) that every server pays too; sizes 1/2/4/8/16/32, since on that CPU batches over
+2 images run slower per image (a batch's activations no longer fit in the cache).
 """
 
 from __future__ import annotations
@@ -17,14 +23,53 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from inferq.bench import corpus, stats
-from inferq.bench.model import from_env
+from inferq.bench.model import build
 from inferq.bench.procs import peak_rss_mb
 from inferq.worker.plan import cpu_cores
 
-BATCH_SIZES = (8, 16, 32)
+TEXT_BATCH_SIZES = (8, 16, 32)
+IMAGE_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the ceiling runs: `items` cut into batches, each batch run by `run_batch`."""
+
+    items: list[Any]  # text: prepared payloads; images: encoded inputs (prepared per batch)
+    costs: list[int]  # per item: the sort key for batches and the padding measure
+    run_batch: Callable[[list[Any]], object]
+    run_one: Callable[[int], object]  # item i alone, prepare included
+    batch_sizes: tuple[int, ...]
+
+
+def text_workload(model: Any, texts: list[str]) -> Workload:
+    payloads = [p.payload for p in model.prepare_texts(texts)]
+
+    def one(i: int) -> object:
+        return model.run([p.payload for p in model.prepare_texts([texts[i]])])
+
+    return Workload(payloads, [len(p) for p in payloads], model.run, one, TEXT_BATCH_SIZES)
+
+
+def image_workload(model: Any) -> Workload:
+    from inferq.bench import images
+    from inferq.worker.models.base import Input, InputKind
+    from inferq.worker.models.efficientnet import PIXELS
+
+    inputs = [Input(InputKind.IMAGE, f.data) for f in images.load()]
+
+    def batch(b: list[Any]) -> object:
+        return model.run([p.payload for p in model.prepare(b, {})])
+
+    def one(i: int) -> object:
+        return batch([inputs[i]])
+
+    return Workload(inputs, [PIXELS] * len(inputs), batch, one, IMAGE_BATCH_SIZES)
 
 
 def _peak_mb(device: str) -> float:
@@ -35,12 +80,13 @@ def _peak_mb(device: str) -> float:
     return peak_rss_mb(os.getpid())
 
 
-def _single(model: Any, texts: list[str], duration_s: float) -> dict[str, float]:
+def _single(w: Workload, duration_s: float) -> dict[str, float]:
     lat: list[float] = []
+    n = len(w.items)
     t0 = time.perf_counter()
-    while time.perf_counter() - t0 < duration_s and len(lat) < len(texts) * 10:
+    while time.perf_counter() - t0 < duration_s and len(lat) < n * 10:
         s = time.perf_counter()
-        model.run([p.payload for p in model.prepare_texts([texts[len(lat) % len(texts)]])])
+        w.run_one(len(lat) % n)
         lat.append((time.perf_counter() - s) * 1000)
     return stats.summarize(lat, time.perf_counter() - t0, 0) | {
         "mean_batch": 1.0,
@@ -48,9 +94,9 @@ def _single(model: Any, texts: list[str], duration_s: float) -> dict[str, float]
     }
 
 
-def _batched(payloads: list[Any], bs: int, duration_s: float, streams: int) -> dict[str, Any]:
-    """Length-sorted batches of `bs`, `streams` of them running at once (one thread each)."""
-    order = sorted(range(len(payloads)), key=lambda i: len(payloads[i]))
+def _batched(w: Workload, bs: int, duration_s: float, streams: int) -> dict[str, Any]:
+    """Cost-sorted batches of `bs`, `streams` of them running at once (one thread each)."""
+    order = sorted(range(len(w.items)), key=lambda i: w.costs[i])
     batches = [order[i : i + bs] for i in range(0, len(order), bs)]
     random.Random(bs).shuffle(batches)
     todo = iter(batches * 10)
@@ -67,7 +113,7 @@ def _batched(payloads: list[Any], bs: int, duration_s: float, streams: int) -> d
             if b is None:
                 return
             s = time.perf_counter()
-            model_run([payloads[i] for i in b])
+            w.run_batch([w.items[i] for i in b])
             with lock:
                 lat.append((time.perf_counter() - s) * 1000)
                 items += len(b)
@@ -78,7 +124,7 @@ def _batched(payloads: list[Any], bs: int, duration_s: float, streams: int) -> d
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - t0
-    eff = stats.packed_efficiency(stats.sorted_batches([len(p) for p in payloads], bs))
+    eff = stats.packed_efficiency(stats.sorted_batches(w.costs, bs))
     row = stats.summarize(lat, elapsed, 0)  # latencies here are per batch
     return row | {"items_per_s": items / elapsed, "mean_batch": float(bs), "padding_eff": eff}
 
@@ -93,27 +139,25 @@ def layouts(device: str, backend: str, model: Any) -> list[tuple[int, int]]:
     return [(1, 0)]
 
 
-model_run: Any = None
-
-
 def measure(corpus_name: str, duration_s: float) -> list[dict[str, Any]]:
-    global model_run
     device = os.environ.get("BENCH_DEVICE", "cpu")
-    model = from_env()
-    model_run = model.run
-    texts = corpus.load(corpus_name)
-    payloads = [p.payload for p in model.prepare_texts(texts)]
-    model.run(payloads[:8])  # warm-up: first call allocates
-    single = _single(model, texts, duration_s)
+    backend = os.environ.get("BENCH_BACKEND", "torch")
+    model = build(device, backend, corpus.model_for(corpus_name))
+    if corpus_name in corpus.IMAGE_CORPORA:
+        w = image_workload(model)
+    else:
+        w = text_workload(model, corpus.load(corpus_name))
+    w.run_batch(w.items[:8])  # warm-up: first call allocates
+    single = _single(w, duration_s)
     best: dict[str, Any] = {}
-    plans = layouts(device, os.environ.get("BENCH_BACKEND", "torch"), model)
+    plans = layouts(device, backend, model)
     for streams, threads in plans:
         if threads:
             import torch
 
             torch.set_num_threads(threads)
-        for bs in BATCH_SIZES:
-            row = _batched(payloads, bs, duration_s / (2 * len(plans)), streams)
+        for bs in w.batch_sizes:
+            row = _batched(w, bs, duration_s / (2 * len(plans)), streams)
             if row["items_per_s"] > best.get("items_per_s", 0.0):
                 best = row | {
                     "layout": f"{streams} batch(es) at once × {threads or 'default'} thread(s)"

@@ -5,6 +5,7 @@
 words, so the longest ones reach the model's 256-token limit.
 
 Regenerate with `python -m inferq.bench.corpus` (the files must come out byte-identical).
+`images` is not a file: `bench/images.py` builds it in memory at bench time.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import random
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CORPORA = ("short", "mixed")
+CORPORA = ("short", "mixed")  # the shipped text corpora
+IMAGE_CORPORA = ("images",)
+# Which model each corpus is measured with: a run starts each system once per model.
+MODELS = {"short": "minilm", "mixed": "minilm", "images": "efficientnet-lite0"}
 SEED = 20240606
 SIZES = {"short": 1000, "mixed": 600}
 
@@ -61,6 +65,14 @@ def generate(name: str, n: int | None = None, seed: int = SEED) -> list[str]:
         words = round(rng.lognormvariate(math.log(24), 0.9))
         out.append(_sentence(rng, min(max(words, 3), 230)))
     return out
+
+
+def model_for(name: str) -> str:
+    """The model the corpus `name` is measured with; ValueError for an unknown corpus."""
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown corpus {name!r}: want one of {sorted(MODELS)}") from None
 
 
 def path(name: str) -> Path:

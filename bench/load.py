@@ -2,7 +2,9 @@
 
 Only ever aimed at 127.0.0.1, bounded in time and in request count. One item per request.
 Latency is measured per request; in the open loop it starts at the *scheduled* arrival
-time, so a stalled server cannot hide its queueing (no coordinated omission).
+time, so a stalled server cannot hide its queueing (no coordinated omission). Inputs are
+texts (each sent as `{"input": text}`) or ready bodies (`http.Body`: image uploads, multipart),
+all encoded before the clock starts.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from inferq.bench.http import Connection, HTTPError
+from inferq.bench.http import Body, Connection, HTTPError
 
 _BATCH_SIZE = re.compile(rb'"batch_size":(\d+)')
 _ID = re.compile(rb'"id":"([^"]+)"')
@@ -50,29 +52,32 @@ class LoadResult:
 FAILED = (OSError, HTTPError, TimeoutError, RuntimeError)
 
 
-async def _one(conn: Connection, kind: str, body: bytes) -> int | None:
-    """One item (`body`, JSON) through `kind`; the job's batch size when the server reports one."""
+async def _one(conn: Connection, kind: str, body: Body) -> int | None:
+    """One item (`body`) through `kind`; the job's batch size when the server reports one."""
     if kind == "jobs":
-        status, content = await conn.request("POST", "/v1/jobs", body)
+        status, content = await conn.request("POST", "/v1/jobs", body.data, body.content_type)
         if status != 202 or not (m := _ID.search(content)):
             raise RuntimeError(f"submit answered {status}")
         status, content = await conn.request("GET", f"/v1/jobs/{m.group(1).decode()}?wait=30")
     else:
         path = "/predict" if kind == "litserve" else "/v1/infer"
-        status, content = await conn.request("POST", path, body)
+        status, content = await conn.request("POST", path, body.data, body.content_type)
     if status != 200 or (kind in ("jobs", "infer") and b'"succeeded"' not in content):
         raise RuntimeError(f"answered {status}")
     m = _BATCH_SIZE.search(content)
     return int(m.group(1)) if m else None
 
 
-def _bodies(texts: Sequence[str]) -> list[bytes]:
-    return [orjson.dumps({"input": t}) for t in texts]
+Inputs = Sequence[str] | Sequence[Body]
+
+
+def _bodies(inputs: Inputs) -> list[Body]:
+    return [x if isinstance(x, Body) else Body(orjson.dumps({"input": x})) for x in inputs]
 
 
 async def closed_loop(
     target: Target,
-    texts: Sequence[str],
+    inputs: Inputs,
     tokens: Sequence[int],
     concurrency: int,
     duration_s: float,
@@ -83,8 +88,8 @@ async def closed_loop(
     Requests that both start after the warmup and finish before the end are counted.
     """
     res = LoadResult(duration_s=duration_s)
-    bodies = _bodies(texts)
-    order = itertools.cycle(range(len(texts)))
+    bodies = _bodies(inputs)
+    order = itertools.cycle(range(len(inputs)))
     t0 = time.perf_counter()
     start, end = t0 + warmup_s, t0 + warmup_s + duration_s
     sent = itertools.count()
@@ -130,7 +135,7 @@ def arrivals(rate_per_s: float, duration_s: float, seed: int = 7) -> list[float]
 
 async def open_loop(
     target: Target,
-    texts: Sequence[str],
+    inputs: Inputs,
     tokens: Sequence[int],
     rate_per_s: float,
     duration_s: float,
@@ -138,7 +143,7 @@ async def open_loop(
 ) -> LoadResult:
     """Poisson arrivals at `rate_per_s`; a request unanswered `grace_s` after the end errs."""
     res = LoadResult(duration_s=duration_s)
-    bodies = _bodies(texts)
+    bodies = _bodies(inputs)
     tasks: set[asyncio.Task[None]] = set()
     idle: dict[str, list[Connection]] = {b: [] for b in target.bases}  # keep-alive pool per base
 
@@ -165,7 +170,7 @@ async def open_loop(
         if len(tasks) >= MAX_IN_FLIGHT:
             res.errors += 1  # dropped: the server is hopelessly behind
             continue
-        task = asyncio.create_task(fire(at, n % len(texts), n))
+        task = asyncio.create_task(fire(at, n % len(inputs), n))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
     if tasks:

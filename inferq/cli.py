@@ -140,7 +140,10 @@ def calibrate(
 @app.command()
 def bench(
     corpus: Annotated[
-        str, typer.Option(help="Comma-separated corpora: short, mixed.")
+        str,
+        typer.Option(
+            help="Comma-separated corpora: short, mixed (minilm), images (efficientnet-lite0)."
+        ),
     ] = "short,mixed",
     concurrency: Annotated[str, typer.Option(help="Closed-loop client counts.")] = "1,8,32,128",
     duration: Annotated[float, typer.Option(help="Measured seconds per point.")] = 6.0,

@@ -5,8 +5,8 @@ clients on /v1/infer for D seconds with the bench's load generator, and prints i
 latency, each process's CPU (from /proc/<pid>/stat; the load generator from getrusage)
 and the worker's own batch lines (run time, items per batch).
 
-Run: .venv/bin/python scripts/stack_cpu.py [--clients 32] [--seconds 10] [--model minilm]
-     [--corpus short] [--env KEY=VALUE ...]
+Run: .venv/bin/python scripts/stack_cpu.py [--clients 32] [--seconds 10] [--corpus short]
+     [--env KEY=VALUE ...]   (--corpus images: efficientnet-lite0, multipart uploads)
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from inferq.bench import corpus, load, systems
+from inferq.bench import inputs, load, systems
 from inferq.bench.stats import percentile
 
 _RUN = re.compile(r"batch items=(\d+) tokens=\d+/\d+ run_ms=([\d.]+)")
@@ -41,16 +41,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--seconds", type=float, default=10.0)
-    p.add_argument("--model", default="minilm")
     p.add_argument("--corpus", default="short")
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for the servers")
     args = p.parse_args()
     env = dict(kv.split("=", 1) for kv in args.env)
-    texts = corpus.load(args.corpus)
+    ready = inputs.load(args.corpus)
+    model = ready.model
     with tempfile.TemporaryDirectory() as d:
-        run = systems.inferq(Path(d), "cpu", "torch", env, model=args.model)
+        run = systems.inferq(Path(d), "cpu", "torch", env, model=model)
         try:
-            worker_log = Path(d) / f"worker-{args.model}.log"
+            worker_log = Path(d) / f"worker-{model}.log"
             offset = worker_log.stat().st_size
             pids = {"worker": run.procs[0].pid, "api": run.procs[1].pid}
             assert run.redis_server is not None and run.redis_server.pid is not None
@@ -58,7 +58,7 @@ def main() -> None:
             before = {k: cpu_s(v) for k, v in pids.items()} | {"load generator": self_cpu_s()}
             t0 = time.perf_counter()
             res = asyncio.run(
-                load.closed_loop(run.target, texts, [1] * len(texts), args.clients, args.seconds)
+                load.closed_loop(run.target, ready.bodies, ready.costs, args.clients, args.seconds)
             )
             wall = time.perf_counter() - t0
             after = {k: cpu_s(v) for k, v in pids.items()} | {"load generator": self_cpu_s()}
@@ -67,7 +67,7 @@ def main() -> None:
             run.close()
     n = len(res.latencies_ms)
     print(
-        f"{args.clients} clients, {args.corpus}, {args.model}: {n / args.seconds:.1f} items/s, "
+        f"{args.clients} clients, {args.corpus}, {model}: {n / args.seconds:.1f} items/s, "
         f"p50 {percentile(res.latencies_ms, 50):.1f} ms, "
         f"p99 {percentile(res.latencies_ms, 99):.1f} ms, errors {res.errors}"
     )

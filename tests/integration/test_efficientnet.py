@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 from inferq.worker.models.base import Input, InputKind, InvalidInput
-from inferq.worker.models.efficientnet import EfficientNetLite0, EfficientNetLite0Onnx
+from inferq.worker.models.efficientnet import (
+    CPU_BATCH,
+    PIXELS,
+    EfficientNetLite0,
+    EfficientNetLite0Onnx,
+)
 from tests.fixtures.images import corrupt_jpeg, photo, png_bomb
 
 CATS = {281, 282, 285}  # tabby, tiger cat, Egyptian cat
@@ -38,6 +43,13 @@ def test_classifies_real_photos(torch_model: EfficientNetLite0) -> None:
         scores = [c["score"] for c in labels]
         assert scores == sorted(scores, reverse=True) and 0 < sum(scores) <= 1.0001
     assert torch_model.traced  # one graph call per batch: no GIL per op
+
+
+def test_batches_stay_small_on_a_cpu(torch_model: EfficientNetLite0) -> None:
+    assert torch_model.default_batch_cost == CPU_BATCH * PIXELS
+    gpu = EfficientNetLite0()
+    gpu.bound_for("cuda:0")
+    assert gpu.default_batch_cost == 32 * PIXELS  # where batching pays
 
 
 def test_top_k_and_its_bounds(torch_model: EfficientNetLite0) -> None:

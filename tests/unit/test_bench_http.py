@@ -68,6 +68,22 @@ async def test_keep_alive_reuses_one_connection() -> None:
     assert per_conn == [3]
 
 
+async def test_sends_the_bodys_content_type() -> None:
+    def reply(head: bytes, n: int) -> bytes:
+        ctype = next(line for line in head.split(b"\r\n") if line.startswith(b"content-type:"))
+        return ok(ctype.split(b": ", 1)[1])
+
+    async with serve(reply) as (base, _):
+        conn = Connection(base)
+        assert await conn.request("POST", "/x", b"{}") == (200, b"application/json")
+        multipart = "multipart/form-data; boundary=abc"
+        assert await conn.request("POST", "/x", b"--abc--\r\n", multipart) == (
+            200,
+            multipart.encode(),
+        )
+        conn.close()
+
+
 async def test_connection_close_and_errors_reconnect() -> None:
     def reply(head: bytes, n: int) -> bytes | None:
         path = head.split(b" ")[1]

