@@ -53,6 +53,10 @@ def test_upload_photos_get_their_classes(classifier: str) -> None:
         timeout=60,
     )
     assert j.status_code == 200 and j.json()["outputs"][0][0]["index"] == 967
+    # The README's curl: one file, no parameters, the top 5.
+    one = httpx.post(f"{classifier}/v1/infer", files=files[:1], timeout=60)
+    assert one.status_code == 200 and len(one.json()["outputs"][0]) == 5
+    assert one.json()["outputs"][0][:3] == cat
 
 
 def test_a_corrupt_image_fails_alone_and_its_batch_mates_succeed(classifier: str) -> None:

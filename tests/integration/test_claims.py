@@ -280,3 +280,4 @@ def test_api_sigterm_answers_open_long_polls_at_once(stack: Stack) -> None:
     # uvicorn ends by re-raising the signal it handled: a clean stop exits by SIGTERM.
     assert api.wait(20) in (0, -signal.SIGTERM)
     assert "Application shutdown complete" in api.log()
+    assert "INFERQ_API_KEYS is not set: the API is open" in api.log()  # an open API says so

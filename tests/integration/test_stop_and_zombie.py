@@ -2,6 +2,8 @@
 
 - SIGTERM under load, 20 times in a row: each worker exits 0 within INFERQ_DRAIN_S, and in
   the end every job succeeded and was published exactly once.
+- A drain that cannot finish in INFERQ_DRAIN_S (a batch stuck on the device) still ends: the
+  worker hands the job back, says why in one line and exits 3; another worker finishes it.
 - A worker frozen (SIGSTOP) mid-batch past its heartbeat TTL is taken over; when it resumes
   (SIGCONT) its late results overwrite nothing and are not published again, it learns it
   lost its entries, and it carries on serving.
@@ -76,6 +78,27 @@ def test_sigterm_under_load_twenty_times_every_stop_ends_and_no_job_is_lost(stac
         "stop_s_max": max(stops), "stop_s": stops,
     })  # fmt: skip
     assert all(j.status is Status.SUCCEEDED for j in jobs) and not wrong and not twice
+
+
+def test_a_drain_past_its_bound_hands_back_and_exits_non_zero(stack: Stack) -> None:
+    stuck = stack.worker(worker_id="stuck", echo_batch_delay_ms=30_000, max_batch_size=1, drain_s=1)
+    base = stack.api()
+    job = httpx.post(f"{base}/v1/jobs", json={"input": "outlives the drain"}, timeout=10).json()
+    wait_for(
+        lambda: decode_job(stack.r.hgetall(keys.job(job["id"]))).attempts >= 1, 10,
+        "the job to be on the device",
+    )  # fmt: skip
+    t0 = time.monotonic()
+    stuck.signal(signal.SIGTERM)
+    code = stuck.wait(20)
+    took = time.monotonic() - t0
+    assert code == 3, stuck.log()
+    assert took < 1 + 5, took  # the bound plus the process's own exit, not the 30 s batch
+    assert "drain did not finish within INFERQ_DRAIN_S=1s" in stuck.log()
+    assert _statuses(stack, [job["id"]]) == ["queued"]  # handed back, not left to a timeout
+    stack.worker(worker_id="rescuer")
+    body = httpx.get(f"{base}/v1/jobs/{job['id']}", params={"wait": 20}, timeout=30).json()
+    assert body["status"] == "succeeded" and body["worker"] == "rescuer", body
 
 
 def test_a_frozen_worker_is_taken_over_and_never_clobbers_when_it_resumes(stack: Stack) -> None:
