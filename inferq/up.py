@@ -179,7 +179,7 @@ def run_up(
                 _say(f"could not start redis-server: {exc}")
                 return 1
             redis_url = server.url
-            _say(f"redis:   {redis_url}  (data in {server.data_dir})")
+            _say(f"redis:   {redis_url}  (data in {server.data_dir}, {server.binary})")
         else:
             _say(f"redis:   {_redacted(redis_url)}  (external, not managed here)")
 

@@ -21,6 +21,7 @@ from redis.exceptions import (
     MasterDownError,
     OutOfMemoryError,
     ReadOnlyError,
+    ResponseError,
     TryAgainError,
 )
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -40,6 +41,17 @@ REDIS_DOWN: tuple[type[BaseException], ...] = (
     TryAgainError,
     OSError,
 )
+# Redis before 7 reports a write refused inside a Lua script as a generic script error
+# ("ERR Error running script ...: -OOM command not allowed ..."), which redis-py cannot type.
+_REFUSALS_IN_SCRIPTS = ("OOM command not allowed", "READONLY", "MASTERDOWN", "TRYAGAIN")
+
+
+def refused_inside_script(e: ResponseError) -> bool:
+    """A script error that is one of `REDIS_DOWN`'s refusals underneath (Redis 6.2)."""
+    msg = str(e)
+    return "script" in msg and any(r in msg for r in _REFUSALS_IN_SCRIPTS)
+
+
 RETRY_ON = (RedisConnectionError, RedisTimeoutError, ConnectionResetError, OSError)
 
 P = ParamSpec("P")
@@ -56,6 +68,10 @@ def unavailable(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
             return await fn(*args, **kwargs)
         except REDIS_DOWN as e:
             raise QueueUnavailable(f"redis unavailable: {type(e).__name__}: {e}") from e
+        except ResponseError as e:
+            if not refused_inside_script(e):
+                raise
+            raise QueueUnavailable(f"redis unavailable: {e}") from e
 
     return wrapper
 

@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -61,6 +62,9 @@ class Browser:
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            # Its own process group: Chromium's helpers (zygote, renderer, utility) outlive a
+            # terminated main process for a moment and keep writing to the profile.
+            start_new_session=True,
         )
         self._ids = itertools.count(1)
         self._exit = contextlib.ExitStack()
@@ -127,11 +131,20 @@ class Browser:
         try:
             self._exit.close()
         finally:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+            self._stop_group()
             self._log.close()
-            self._profile.cleanup()
+            self._profile.cleanup()  # only once no Chromium process can still write to it
+
+    def _stop_group(self) -> None:
+        """Stop Chromium and every helper it started; return once none is left."""
+        for sig, grace_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline:
+                self.proc.poll()  # reap the main process; helpers are reaped by init
+                try:
+                    os.killpg(self.proc.pid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.05)

