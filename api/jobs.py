@@ -101,6 +101,7 @@ async def read_submission(
     sub = Submission(
         items=req.items(), model=req.model, tenant=tenant, priority=req.priority,
         timeout_s=req.timeout_s, idempotency_key=key, parameters=req.parameters,
+        webhook=req.webhook.url if req.webhook else None,
     )  # fmt: skip
     return sub, getattr(req, "wait", None)
 

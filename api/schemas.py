@@ -9,6 +9,18 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from inferq.api.inputs import InputItem
 
 
+class Webhook(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(
+        ...,
+        max_length=2048,
+        description="http(s) URL POSTed the job's final view, signed (X-Inferq-Signature). "
+        "Private, loopback and link-local targets are refused unless INFERQ_WEBHOOK_ALLOW "
+        "lists them.",
+    )
+
+
 class SubmitRequest(BaseModel):
     """Exactly one of `input` (one item) or `inputs` (a list). An item is a string (text),
     `{"image": "<base64>"}` or `{"tensor": {"dtype", "shape", "data"}}`."""
@@ -34,6 +46,9 @@ class SubmitRequest(BaseModel):
         default_factory=dict,
         description='Passed to the model, which validates them (e.g. {"top_k": 3}); names the '
         "model does not take → 422.",
+    )
+    webhook: Webhook | None = Field(
+        None, description="Deliver the final job here (at least once, retried with backoff)."
     )
 
     @model_validator(mode="after")
@@ -75,6 +90,7 @@ class Timings(BaseModel):
     total_ms: int | None = None
     batch_size: int | None = None
     batch_tokens: int | None = None
+    cached: bool = Field(False, description="Answered from the result cache; no worker ran.")
 
 
 class JobView(BaseModel):

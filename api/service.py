@@ -54,6 +54,7 @@ class Submission:
     timeout_s: float | None = None
     idempotency_key: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    webhook: str | None = None  # URL to deliver the final job to
 
 
 class JobService:

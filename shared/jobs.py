@@ -80,8 +80,11 @@ class Job:
     batch_size: int = 0
     batch_tokens: int = 0
     worker: str = ""  # which worker wrote the outcome
+    webhook: dict[str, Any] | None = None  # {"url": ...}: delivered when final
+    cache: dict[str, Any] | None = None  # {"key", "ttl_s", "max_bytes"}: fill on success
+    cached: bool = False  # answered from the result cache
 
-    def timings(self) -> dict[str, int | None]:
+    def timings(self) -> dict[str, int | bool | None]:
         """queued: created → taken by a worker; run: taken → final (batching wait + model)."""
         started, finished = self.started_ms, self.finished_ms
         return {
@@ -90,6 +93,7 @@ class Job:
             "total_ms": None if finished is None else finished - self.created_ms,
             "batch_size": self.batch_size or None,
             "batch_tokens": self.batch_tokens or None,
+            "cached": self.cached,
         }
 
 
@@ -146,7 +150,7 @@ def decode_outputs(value: dict[str, Any]) -> np.ndarray | list[Any]:
 
 def encode_submit(job: Job) -> dict[str, bytes]:
     """Fields written when a job is accepted."""
-    return {
+    fields = {
         F.VERSION: _pack(SCHEMA_VERSION),
         F.ID: _pack(job.id),
         F.MODEL: _pack(job.model),
@@ -161,6 +165,13 @@ def encode_submit(job: Job) -> dict[str, bytes]:
         F.DEADLINE_MS: _pack(job.deadline_ms),
         F.ATTEMPTS: _pack(job.attempts),
     }
+    if job.webhook is not None:
+        fields[F.WEBHOOK] = _pack(job.webhook)
+    if job.cache is not None:
+        fields[F.CACHE] = _pack(job.cache)
+    if job.cached:
+        fields[F.CACHED] = _pack(True)
+    return fields
 
 
 def encode_final(
@@ -227,6 +238,9 @@ def decode_job(raw: dict[bytes, bytes]) -> Job:
             batch_size=f.get(F.BATCH_SIZE, 0),
             batch_tokens=f.get(F.BATCH_TOKENS, 0),
             worker=f.get(F.WORKER, ""),
+            webhook=f.get(F.WEBHOOK),
+            cache=f.get(F.CACHE),
+            cached=bool(f.get(F.CACHED, False)),
         )
     except CodecError:
         raise

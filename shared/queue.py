@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from inferq.shared import keys, scripts
-from inferq.shared.jobs import Job, decode_job, encode_submit, input_bytes, pack_field
+from inferq.shared.jobs import Job, decode_job, encode_submit, input_bytes, now_ms, pack_field
 from inferq.shared.redis_conn import unavailable
 from inferq.shared.schema import ENTRY_JOB
 
@@ -127,8 +127,13 @@ class JobQueue:
     def _finish_args(
         self, model: str, finals: Sequence[Final], only_if_queued: bool = False
     ) -> tuple[list[str], list[bytes | str | int]]:
-        script_keys = [keys.queued_items(model), keys.queued_bytes(model), keys.dead(model)]
-        argv: list[bytes | str | int] = [self.result_ttl_s, "1" if only_if_queued else "0"]
+        script_keys = [
+            keys.queued_items(model), keys.queued_bytes(model), keys.dead(model),
+            keys.webhooks(), keys.cache_index(), keys.cache_sizes(), keys.cache_bytes(),
+        ]  # fmt: skip
+        argv: list[bytes | str | int] = [
+            self.result_ttl_s, "1" if only_if_queued else "0", now_ms(),
+        ]  # fmt: skip
         for f in finals:
             script_keys.append(keys.job(f.job_id))
             argv += [keys.done_channel(f.job_id), "1" if f.dead_letter else "0", 2 * len(f.fields)]

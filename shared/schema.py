@@ -91,3 +91,6 @@ class JobField(StrEnum):
     BATCH_SIZE = "batch_size"
     BATCH_TOKENS = "batch_tokens"
     WORKER = "worker"  # the consumer that wrote the outcome (absent for API-side outcomes)
+    WEBHOOK = "webhook"  # {"url": ...}: POSTed the job's view when final (inferq.api.webhooks)
+    CACHE = "cache"  # {"key", "ttl_s", "max_bytes"}: where FINISH stores the outputs on success
+    CACHED = "cached"  # true: the outputs were answered from the result cache, no worker ran

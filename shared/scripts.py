@@ -12,8 +12,9 @@ these constants, never from request data (reliability guide #22).
 - `START`: right before a batch, count each job's first device start (`attempts`), so a crash
   that never returns still counts; returns the live statuses.
 - `FINISH`: write the final fields, set the TTL, release the admission counts, publish (and
-  dead-letter a poisoned job), unless the job is already final: a duplicate delivery after a
-  crash can never clobber a result, and a job is published once.
+  dead-letter a poisoned job, queue its webhook delivery, fill the result cache), unless the
+  job is already final: a duplicate delivery after a crash can never clobber a result, and a
+  job is published (and delivered) once.
 - `HAND_BACK`: a stopping worker re-queues a job it holds, at once, taking back the device
   start it counted (a clean stop is not a crash).
 """
@@ -94,13 +95,43 @@ return out
 """
 
 # Final outcomes for a batch of jobs in one call (a script call costs Redis far more than
-# the writes inside it). KEYS: item counter, byte counter, dead-letter stream, job 1, job 2,
-# ... ARGV: ttl_s,
-# only_if_queued (0|1), then per job: channel, dead (0|1), 2n, n field/value pairs.
+# the writes inside it). KEYS: item counter, byte counter, dead-letter stream, webhook stream,
+# cache index, cache sizes, cache bytes, job 1, job 2, ... ARGV: ttl_s, only_if_queued (0|1),
+# now_ms, then per job: channel, dead (0|1), 2n, n field/value pairs.
 # Returns per job: 1 written, 0 already final, 2 not queued (only_if_queued), -1 no such job.
+# A job written final that asked for a webhook gets its delivery entry in the same step, and
+# a succeeded job that asked for caching stores its outputs (bounded: see `keys`), so neither
+# can be lost between the final write and a later call.
 FINISH = """
-local out, a = {}, 3
-for i = 4, #KEYS do
+local now = tonumber(ARGV[3])
+local function cache_drop(k)
+  local size = redis.call('HGET', KEYS[6], k)
+  if size then
+    redis.call('HDEL', KEYS[6], k)
+    if redis.call('DECRBY', KEYS[7], size) < 0 then redis.call('SET', KEYS[7], 0) end
+  end
+  redis.call('ZREM', KEYS[5], k)
+  redis.call('DEL', k)
+end
+local function cache_put(spec, value)
+  for _, k in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, 64)) do
+    cache_drop(k)
+  end
+  if #value > spec.max_bytes then return end
+  cache_drop(spec.key)
+  redis.call('SET', spec.key, value, 'PX', math.floor(spec.ttl_s * 1000))
+  redis.call('ZADD', KEYS[5], now + math.floor(spec.ttl_s * 1000), spec.key)
+  redis.call('HSET', KEYS[6], spec.key, #value)
+  local held = redis.call('INCRBY', KEYS[7], #value)
+  while held > spec.max_bytes do
+    local first = redis.call('ZRANGE', KEYS[5], 0, 0)[1]
+    if not first then break end
+    cache_drop(first)
+    held = tonumber(redis.call('GET', KEYS[7]) or '0')
+  end
+end
+local out, a = {}, 4
+for i = 8, #KEYS do
   local key, channel, dead, n = KEYS[i], ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
   local first, last = a + 3, a + 2 + n
   a = last + 1
@@ -121,8 +152,17 @@ for i = 4, #KEYS do
         if redis.call('DECRBY', KEYS[c], cmsgpack.unpack(n)) < 0 then redis.call('SET', KEYS[c], 0) end
       end
     end
+    local id = cmsgpack.unpack(redis.call('HGET', key, F.id))
     if dead == '1' then
-      redis.call('XADD', KEYS[3], '*', ENTRY_JOB, cmsgpack.unpack(redis.call('HGET', key, F.id)))
+      redis.call('XADD', KEYS[3], '*', ENTRY_JOB, id)
+    end
+    if redis.call('HEXISTS', key, F.webhook) == 1 then
+      redis.call('XADD', KEYS[4], '*', ENTRY_JOB, id)
+    end
+    local spec = redis.call('HGET', key, F.cache)
+    if spec and cmsgpack.unpack(redis.call('HGET', key, F.status)) == S.succeeded then
+      local outputs = redis.call('HGET', key, F.outputs)
+      if outputs then cache_put(cmsgpack.unpack(spec), outputs) end
     end
     redis.call('PUBLISH', channel, 'final')
     out[#out + 1] = 1

@@ -115,6 +115,88 @@ class Settings(BaseSettings):
         gt=0,
         description="API Redis connections; past it a request waits up to redis_timeout_s, then 503.",
     )
+    redis_sentinels: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated Sentinel 'host:port' list. Set: the master is found through "
+        "them (INFERQ_REDIS_SENTINEL_MASTER) and followed across failovers; INFERQ_REDIS_URL then "
+        "only supplies the password, database and TLS scheme.",
+    )
+    redis_sentinel_master: str = Field(
+        "mymaster", description="The master's name as the sentinels know it."
+    )
+
+    # --- webhooks (delivered by the API processes) ---
+    webhook_secret: SecretStr | None = Field(
+        None,
+        description="HMAC-SHA256 key of X-Inferq-Signature. Unset (and no tenant secret): jobs "
+        "with a webhook are refused (422), since an unsigned callback cannot be trusted.",
+    )
+    webhook_tenant_secrets: SecretStr | None = Field(
+        None,
+        description="'tenant:secret,...': a tenant's own signing key, used instead of "
+        "INFERQ_WEBHOOK_SECRET for its jobs.",
+    )
+    webhook_allow: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated hosts or CIDRs a webhook may target although they resolve "
+        "to a loopback, private, link-local or metadata address (refused by default: SSRF).",
+    )
+    webhook_max_age_s: float = Field(
+        86_400.0,
+        gt=0,
+        description="A delivery is retried (exponential backoff with jitter) for this long after "
+        "the job ended, then dead-lettered.",
+    )
+    webhook_timeout_s: float = Field(
+        5.0, gt=0, description="Connect + read timeout of one delivery attempt."
+    )
+    webhook_backoff_s: float = Field(
+        1.0, gt=0, description="First retry delay; doubles per attempt (with jitter)."
+    )
+    webhook_backoff_max_s: float = Field(600.0, gt=0, description="Longest retry delay.")
+    webhook_concurrency: int = Field(
+        16, gt=0, description="Deliveries one API process makes at once."
+    )
+
+    # --- batch files (OpenAI Batch API) ---
+    max_batch_file_bytes: int = Field(
+        64 * 1024 * 1024,
+        gt=0,
+        description="Larger uploaded file (POST /v1/files) → 413. Files live in Redis.",
+    )
+    max_batch_lines: int = Field(50_000, gt=0, description="More requests in one batch file → 422.")
+    batch_file_ttl_s: int = Field(
+        7 * 86_400, gt=0, description="How long uploaded files, batch records and outputs are kept."
+    )
+    batch_in_flight: int = Field(
+        256,
+        gt=0,
+        description="Lines of one batch queued at once (in the low lane): more finishes a batch "
+        "sooner, fewer leaves more of the queue's admission to interactive traffic.",
+    )
+
+    # --- result cache ---
+    cache_ttl_s: int = Field(
+        0,
+        ge=0,
+        description="Result cache: a succeeded job's outputs are kept this long under a hash of "
+        "model, weights, inputs and parameters, and an identical request is answered without "
+        "queueing. 0 = off.",
+    )
+    cache_models: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated models whose results are cached; empty = every served model "
+        "(when INFERQ_CACHE_TTL_S > 0).",
+    )
+    cache_shared: bool = Field(
+        False, description="Share cached results across tenants (off: each tenant its own)."
+    )
+    cache_max_bytes: int = Field(
+        256 * 1024 * 1024,
+        gt=0,
+        description="Cached outputs kept at most; past it the entries closest to expiry go first. "
+        "Job records are never evicted (noeviction stays on).",
+    )
 
     # --- worker ---
     model_path: str | None = Field(
@@ -246,7 +328,7 @@ class Settings(BaseSettings):
     echo_batch_delay_ms: float = Field(0.0, ge=0, description="echo model: sleep per batch.")
     echo_token_delay_ms: float = Field(0.0, ge=0, description="echo model: sleep per padded token.")
 
-    @field_validator("models", mode="before")
+    @field_validator("models", "redis_sentinels", "webhook_allow", "cache_models", mode="before")
     @classmethod
     def _split_models(cls, v: object) -> object:
         if isinstance(v, str):

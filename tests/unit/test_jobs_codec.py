@@ -59,6 +59,7 @@ def test_error_roundtrip_and_timings_while_queued() -> None:
         "total_ms": None,
         "batch_size": None,
         "batch_tokens": None,
+        "cached": False,
     }
 
 
