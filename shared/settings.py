@@ -124,6 +124,13 @@ class Settings(BaseSettings):
     redis_sentinel_master: str = Field(
         "mymaster", description="The master's name as the sentinels know it."
     )
+    redis_wait_replicas: int = Field(
+        0,
+        ge=0,
+        description="After each accepted submit, WAIT until this many replicas have it (up to "
+        "INFERQ_REDIS_TIMEOUT_S, else 503): a failover then cannot lose an acknowledged job. 0 = "
+        "async replication (a write acknowledged just before the master dies can be lost).",
+    )
 
     # --- webhooks (delivered by the API processes) ---
     webhook_secret: SecretStr | None = Field(
