@@ -19,6 +19,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
+from inferq.api.cache import ResultCache
 from inferq.api.errors import request_error
 from inferq.api.inputs import InputItem, wire_images, wire_inputs
 from inferq.api.notifier import Notifier
@@ -30,11 +33,21 @@ from inferq.shared.errors import (
     Overloaded,
     RequestError,
 )
-from inferq.shared.jobs import ErrorCode, Job, JobError, Status, encode_final, new_job_id, now_ms
+from inferq.shared.jobs import (
+    ErrorCode,
+    Job,
+    JobError,
+    Status,
+    decode_outputs,
+    encode_final,
+    encode_submit,
+    new_job_id,
+    now_ms,
+)
 from inferq.shared.metrics import ApiMetrics
 from inferq.shared.queue import JobQueue
 from inferq.shared.registry import ModelInfo, WorkerRegistry
-from inferq.shared.schema import InputKind
+from inferq.shared.schema import InputKind, JobField
 from inferq.shared.settings import Settings
 
 # Worker throughput and model declarations are read from Redis at most this often per model.
@@ -71,6 +84,7 @@ class JobService:
         self.registry = registry
         self.notifier = notifier
         self.metrics = metrics
+        self.cache = ResultCache(settings, queue.redis)
         self.models = settings.served_models
         self.shutting_down = False
         self._throughput: dict[str, tuple[float, float]] = {}  # model → (read at, items/s)
@@ -146,14 +160,21 @@ class JobService:
             priority=sub.priority, created_ms=created,
             deadline_ms=created + int(timeout_s * 1000), parameters=sub.parameters,
         )  # fmt: skip
+        key_hash = None
+        if sub.idempotency_key is not None:
+            key_hash = hashlib.sha256(sub.idempotency_key.encode()).hexdigest()
+        if self.cache.enabled(name) and (info := await self.model_info(name)) and info.version:
+            key = self.cache.key(job, info.version)
+            hit = await self.cache.get(key)
+            self.metrics.cache_lookups.labels(model=name, result="hit" if hit else "miss").inc()
+            if hit is not None:
+                return await self._answer_cached(job, hit, key_hash)
+            job.cache = self.cache.spec(key)
         rate = await self.throughput(name)
         # Admit only what can finish in time: the queue ahead drains at `rate` items/s.
         limit = self.settings.max_queue
         if rate > 0:
             limit = min(limit, max(len(inputs), int(rate * timeout_s)))
-        key_hash = None
-        if sub.idempotency_key is not None:
-            key_hash = hashlib.sha256(sub.idempotency_key.encode()).hexdigest()
         done = await self.queue.submit(
             job, max_queue=limit, max_bytes=self.settings.max_queue_bytes,
             idempotency_key=key_hash, idempotency_ttl_s=self.settings.idempotency_ttl_s,
@@ -170,6 +191,24 @@ class JobService:
         if done.outcome == "full":
             self._reject(name, done.depth, len(inputs), rate, timeout_s)
         return job, True
+
+    async def _answer_cached(
+        self, job: Job, outputs: bytes, key_hash: str | None
+    ) -> tuple[Job, bool]:
+        """Record `job` as succeeded with the cached outputs; no worker runs it. Not counted
+        as submitted (it never entered the queue): `inferq_cache_lookups_total` counts it."""
+        job.status, job.cached = Status.SUCCEEDED, True
+        job.started_ms = job.finished_ms = job.created_ms
+        fields = encode_submit(job) | encode_final(Status.SUCCEEDED, finished_ms=job.created_ms)
+        fields[JobField.OUTPUTS] = outputs  # already packed as the worker packed it
+        done = await self.queue.record_cached(
+            job, fields, idempotency_key=key_hash,
+            idempotency_ttl_s=self.settings.idempotency_ttl_s,
+        )  # fmt: skip
+        if done.outcome == "duplicate":
+            return await self.get(done.job_id, job.tenant), False
+        job.outputs = decode_outputs(msgpack.unpackb(outputs, raw=False))
+        return job, False
 
     @staticmethod
     def _retry_after(items: int, rate: float) -> int:
@@ -199,6 +238,8 @@ class JobService:
         in which case the job is cancelled unless a worker has started it. `gone` is called
         only once the job exists, so a refused submit leaves no un-awaited coroutine behind."""
         job = await self.submit(sub)
+        if job.status.is_final:  # answered from the cache, or a repeat of a finished job
+            return job
         queued = job if job.status is Status.QUEUED else None  # just created: no re-read
         waiter = asyncio.ensure_future(self.wait(job.id, wait_s, sub.tenant, submitted=queued))
         left = asyncio.ensure_future(gone())

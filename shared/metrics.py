@@ -89,6 +89,7 @@ class ApiMetrics:
     jobs_rejected: Counter
     queue_depth: Gauge
     requests_waiting: Gauge
+    cache_lookups: Counter
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,12 @@ def api_metrics(registry: CollectorRegistry | None = None) -> ApiMetrics:
         requests_waiting=Gauge(
             f"{PREFIX}_requests_waiting",
             "Long-polls and /v1/infer calls of this API process waiting for a result.",
+            registry=reg,
+        ),
+        cache_lookups=Counter(
+            f"{PREFIX}_cache_lookups",
+            "Result-cache lookups by result (hit: answered without queueing; miss: queued).",
+            ["model", "result"],
             registry=reg,
         ),
     )

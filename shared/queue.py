@@ -74,6 +74,7 @@ class JobQueue:
         self._finish = redis.register_script(scripts.source(scripts.FINISH))
         self._hand_back = redis.register_script(scripts.source(scripts.HAND_BACK))
         self._start = redis.register_script(scripts.source(scripts.START))
+        self._cached = redis.register_script(scripts.source(scripts.CACHED))
 
     # --- API side ---
     @unavailable
@@ -111,6 +112,28 @@ class JobQueue:
         if outcome == "full_bytes":
             return Submitted("full_bytes", depth=int(value))
         return Submitted("full", depth=int(value))
+
+    @unavailable
+    async def record_cached(
+        self,
+        job: Job,
+        fields: dict[str, bytes],
+        *,
+        idempotency_key: str | None = None,
+        idempotency_ttl_s: int = 86_400,
+    ) -> Submitted:
+        """Record a job that is final at birth (answered from the result cache): never queued,
+        never counted against admission; idempotency and webhooks as for any job."""
+        argv: list[bytes | str | int] = [job.id, self.result_ttl_s, idempotency_ttl_s]
+        for k, v in fields.items():
+            argv += [k, v]
+        script_keys = [keys.job(job.id), keys.webhooks()]
+        if idempotency_key is not None:
+            script_keys.append(keys.idempotency(job.tenant, idempotency_key))
+        outcome, value = await self._cached(keys=script_keys, args=argv)
+        if _s(outcome) == "dup":
+            return Submitted("duplicate", _s(value))
+        return Submitted("created", job.id)
 
     @unavailable
     async def get(self, job_id: str) -> Job | None:

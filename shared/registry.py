@@ -64,9 +64,11 @@ class ModelInfo:
     output: str  # vector, labels, boxes, text, any
     parameters: dict[str, str]  # name → what it does
     max_cost: int | None = None
+    version: str = ""  # changes with the weights and code: part of every result-cache key
 
     def to_hash(self) -> dict[str, str]:
         return {
+            "version": self.version,
             "inputs": ",".join(self.inputs),
             "output": self.output,
             "parameters": orjson.dumps(self.parameters).decode(),
@@ -88,6 +90,7 @@ class ModelInfo:
             output=f.get("output", "any"),
             parameters=params if isinstance(params, dict) else {},
             max_cost=int(cost) if cost.isdigit() else None,
+            version=f.get("version", ""),
         )
 
 

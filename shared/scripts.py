@@ -15,6 +15,8 @@ these constants, never from request data (reliability guide #22).
   dead-letter a poisoned job, queue its webhook delivery, fill the result cache), unless the
   job is already final: a duplicate delivery after a crash can never clobber a result, and a
   job is published (and delivered) once.
+- `CACHED`: record a job answered from the result cache, final at birth (TTL, idempotency
+  key and webhook delivery as if it had run); never queued, so never published.
 - `HAND_BACK`: a stopping worker re-queues a job it holds, at once, taking back the device
   start it counted (a clean stop is not a crash).
 """
@@ -169,6 +171,23 @@ for i = 8, #KEYS do
   end
 end
 return out
+"""
+
+# KEYS: job, webhook stream[, idempotency]. ARGV: id, ttl_s, idem_ttl_s, fields...
+# Returns {status, value}: ok → ''; dup → the existing job id (same rules as SUBMIT).
+CACHED = """
+if #KEYS == 3 then
+  local prior = redis.call('GET', KEYS[3])
+  if prior then return {'dup', prior} end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', ARGV[1]} end
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+if redis.call('HEXISTS', KEYS[1], F.webhook) == 1 then
+  redis.call('XADD', KEYS[2], '*', ENTRY_JOB, ARGV[1])
+end
+if #KEYS == 3 then redis.call('SET', KEYS[3], ARGV[1], 'EX', ARGV[3]) end
+return {'ok', ''}
 """
 
 # KEYS: job, stream. ARGV: group, old entry id, job id, uncount (0|1).

@@ -47,7 +47,7 @@ from inferq.worker.clock import Clock, SystemClock
 from inferq.worker.executor import Executor
 from inferq.worker.heartbeat import Heartbeat, Snapshot
 from inferq.worker.intake import Admission, Intake
-from inferq.worker.models.base import Model
+from inferq.worker.models.base import Model, model_version
 from inferq.worker.outbox import Outbox
 from inferq.worker.scheduler import Scheduler, work
 from inferq.worker.state import JobState
@@ -109,6 +109,10 @@ class Worker:
         self.info = ModelInfo(
             inputs=tuple(sorted(str(k) for k in model.inputs)), output=str(model.output),
             parameters=dict(model.parameters), max_cost=model.max_cost,
+            version=model_version(
+                model, model_name, backend, settings.model_path or "", settings.onnx_variant,
+                settings.dtype,
+            ),
         )  # fmt: skip
         self.heartbeat = Heartbeat(
             self.registry, self.snapshot, period_s=settings.heartbeat_s,

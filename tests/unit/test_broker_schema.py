@@ -15,7 +15,8 @@ from inferq.shared.retry import Backoff
 from inferq.shared.schema import ENTRY_JOB, FINAL, JobField, Status
 
 BODIES = {
-    name: getattr(scripts, name) for name in ("SUBMIT", "CLAIM", "START", "FINISH", "HAND_BACK")
+    name: getattr(scripts, name)
+    for name in ("SUBMIT", "CLAIM", "START", "FINISH", "HAND_BACK", "CACHED", "REFRESH")
 }
 
 

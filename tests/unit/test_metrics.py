@@ -20,6 +20,7 @@ API = {
     "inferq_jobs_rejected": ("counter", {"model", "reason"}),
     "inferq_queue_depth": ("gauge", {"model"}),
     "inferq_requests_waiting": ("gauge", set()),
+    "inferq_cache_lookups": ("counter", {"model", "result"}),
 }
 WORKER = {
     "inferq_jobs_finished": ("counter", {"model", "status"}),
@@ -40,6 +41,7 @@ API_EXPOSED = frozenset(
         "inferq_jobs_rejected_total",
         "inferq_queue_depth",
         "inferq_requests_waiting",
+        "inferq_cache_lookups_total",
     }
 )
 WORKER_EXPOSED = frozenset({
@@ -62,6 +64,7 @@ def _observe_everything() -> tuple[CollectorRegistry, CollectorRegistry]:
     a.jobs_submitted.labels(model="echo").inc()
     a.jobs_rejected.labels(model="echo", reason="queue_full").inc()
     a.queue_depth.labels(model="echo").set(3)
+    a.cache_lookups.labels(model="echo", result="hit").inc()
     w.jobs_finished.labels(model="echo", status="succeeded").inc()
     w.job_queue_seconds.labels(model="echo").observe(0.01)
     w.job_latency_seconds.labels(model="echo").observe(0.02)

@@ -21,14 +21,19 @@ vectors (sent as raw bytes), or a list of any msgpack-able values (lists of
 
 `prepare` runs in the worker's prepare thread, `run` in its model threads; neither may touch
 Redis, and either may raise `InvalidInput(index, why)` to fail only its own job with
-`invalid_input`. Version 1 models (`dim`, `prepare(texts)`, vectors out) still work: the
+`invalid_input`. A model may declare `version` (a string that changes with its weights):
+the result cache keys on it (`model_version`). Version 1 models (`dim`, `prepare(texts)`, vectors out) still work: the
 registry wraps them in `LegacyModel`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -134,6 +139,31 @@ class Model(Protocol):
 
     def run(self, batch: list[Any]) -> Sequence[Any] | np.ndarray:
         """Run a batch of `Prepared.payload`s; one output per payload, in order."""
+
+
+def model_version(model: Any, *context: str) -> str:
+    """What the result cache keys on besides the request: `context` (target, backend...)
+    and the model's declared `version`; a model that declares none is fingerprinted by the
+    name, size and mtime of its class's source file and of the files under its `path`, so
+    new code or new weights change it (a content hash would read every weight at start)."""
+    h = hashlib.sha256("\0".join(context).encode())
+    declared = getattr(model, "version", None)
+    if isinstance(declared, str) and declared:
+        h.update(b"\0version\0" + declared.encode())
+        return h.hexdigest()[:32]
+    files: list[Path] = []
+    with contextlib.suppress(TypeError, OSError):  # a class defined in a REPL has no file
+        files.append(Path(inspect.getfile(type(model))))
+    path = getattr(model, "path", None)
+    if isinstance(path, str | Path):
+        root = Path(path)
+        files += sorted(root.iterdir()) if root.is_dir() else [root]
+    for f in files:
+        if f.is_file():
+            st = f.stat()
+            h.update(f"\0{f.name}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    h.update(f"\0{type(model).__module__}.{type(model).__qualname__}".encode())
+    return h.hexdigest()[:32]
 
 
 def probe_inputs(model: Any, cost: int) -> tuple[list[Input], dict[str, Any]] | None:

@@ -123,6 +123,12 @@ class ImageClassifier:
     default_batch_cost: int | None = 32 * PIXELS
     gil_free = True
 
+    @property
+    def version(self) -> str:
+        """The weights come from a package, not a `path`: name them for the result cache."""
+        st = weights_path().stat()
+        return f"efficientnet-lite0:{st.st_size}:{st.st_mtime_ns}"
+
     def bound_for(self, device: str) -> None:
         """Small batches on a CPU: there batching this net costs throughput, not memory."""
         if device.startswith("cpu"):
