@@ -22,6 +22,7 @@ from fastapi import APIRouter
 
 from inferq.api.deps import Config, Queue, Registry
 from inferq.api.responses import FastJSON
+from inferq.api.webhook_scripts import counts as webhook_counts
 from inferq.shared.errors import QueueUnavailable
 from inferq.shared.jobs import now_ms
 from inferq.shared.queue import JobQueue
@@ -79,6 +80,7 @@ async def health_report(
         queues = await queue.lanes(models)
         now = now_ms()
         workers = await registry.beats(models, now)
+        webhooks = await webhook_counts(queue.redis)  # queued, retrying, dead-lettered
     except QueueUnavailable as e:
         body = {
             "status": "down",
@@ -110,6 +112,7 @@ async def health_report(
         "redis": {"up": True, "rtt_ms": rtt_ms},
         "models": per_model,
         "problems": problems,
+        "webhooks": webhooks,
     }
     return 200, body
 

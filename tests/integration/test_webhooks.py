@@ -1,0 +1,357 @@
+"""Completion webhooks against real processes: a receiver on 127.0.0.1 in a thread, real
+Redis, echo workers and API servers. Retries and signatures, a cancelled job, the SSRF guard
+at submit, an API killed mid-delivery, dead letters; then the two scripts that make
+promotion and settling safe between API processes, and the take-over's delivery cap."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from redis.asyncio import Redis
+
+from inferq.api.webhook_dispatch import Dispatcher
+from inferq.api.webhook_scripts import PROMOTE, SETTLE
+from inferq.api.webhooks import Delivery, Poster
+from inferq.shared import keys
+from inferq.shared.jobs import ErrorCode, Job, JobError, Status, encode_final
+from inferq.shared.metrics import api_metrics
+from inferq.shared.queue import JobQueue
+from inferq.shared.redis_conn import pubsub_client
+from inferq.shared.settings import Settings
+from tests.integration.stack import Stack, wait_for
+
+SECRET = "whsec-integration"
+# Fast retries; an attempt gives up after 1 s, so a dead API's entry is taken over after 4 s.
+HOOKS = {
+    "webhook_secret": SECRET,
+    "webhook_allow": "127.0.0.1",
+    "webhook_backoff_s": 0.05,
+    "webhook_timeout_s": 1,
+}
+
+
+@dataclass
+class Hit:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    status: int  # what the receiver answered; 0: held, never answered
+
+    @property
+    def job(self) -> str:
+        return str(json.loads(self.body)["id"])
+
+    @property
+    def delivery(self) -> str:
+        return self.headers["x-inferq-delivery"]
+
+
+class Receiver:
+    """Answers by path: /ok 200; /flaky 500 twice, then 200; /fail 500 while `failing`, then
+    200; /gone 410; /hang holds its first request until `release` (never answering it), then
+    as /fail."""
+
+    def __init__(self) -> None:
+        self.hits: list[Hit] = []
+        self.lock = threading.Lock()
+        self.failing = True
+        self.flaky_left = 2
+        self.held = threading.Event()
+        self.release = threading.Event()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                status = receiver._answer(self.path, dict(self.headers.items()), body)
+                if status:
+                    self.send_response(status)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+
+    def _answer(self, path: str, headers: dict[str, str], body: bytes) -> int:
+        with self.lock:
+            first_hang = path == "/hang" and not self.held.is_set()
+            if first_hang:
+                status = 0
+                self.held.set()
+            elif path == "/ok":
+                status = 200
+            elif path == "/flaky":
+                status = 500 if self.flaky_left > 0 else 200
+                self.flaky_left -= 1
+            elif path == "/gone":
+                status = 410
+            else:
+                status = 500 if self.failing else 200
+            self.hits.append(Hit(path, {k.lower(): v for k, v in headers.items()}, body, status))
+        if first_hang:
+            self.release.wait(30)  # the sender is killed meanwhile; nobody reads an answer
+        return status
+
+    def of(self, job_id: str, status: int | None = None) -> list[Hit]:
+        with self.lock:
+            return [h for h in self.hits if h.job == job_id and status in (None, h.status)]
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def _submit(base: str, url: str, text: str = "hook me") -> str:
+    r = httpx.post(f"{base}/v1/jobs", json={"input": text, "webhook": {"url": url}}, timeout=10)
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+def _get(base: str, job_id: str) -> dict:  # type: ignore[type-arg]
+    r = httpx.get(f"{base}/v1/jobs/{job_id}", timeout=10)
+    assert r.status_code == 200, r.text
+    return {k: v for k, v in r.json().items() if k not in ("position", "eta_ms")}
+
+
+def _verified(hit: Hit) -> bool:
+    ts = hit.headers["x-inferq-timestamp"]
+    mac = hmac.new(SECRET.encode(), ts.encode() + b"." + hit.body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(hit.headers["x-inferq-signature"], f"sha256={mac}")
+
+
+def _settled(stack: Stack) -> bool:
+    """Nothing in the stream (new or in flight) and nothing waiting to retry."""
+    return stack.r.xlen(keys.webhooks()) == 0 and stack.r.zcard(keys.webhook_retry()) == 0
+
+
+def _deliveries(base: str) -> dict[str, float]:
+    text = httpx.get(f"{base}/metrics", timeout=5).text
+    return {
+        s.labels["outcome"]: s.value
+        for fam in text_string_to_metric_families(text)
+        if fam.name == "inferq_webhook_deliveries"
+        for s in fam.samples
+        if s.name.endswith("_total")
+    }
+
+
+def _health_hooks(base: str) -> dict[str, int]:
+    return httpx.get(f"{base}/v1/health", timeout=5).json()["webhooks"]  # type: ignore[no-any-return]
+
+
+def test_retried_until_delivered_once_signed_and_equal_to_get(
+    stack: Stack, receiver: Receiver
+) -> None:
+    stack.worker()
+    base = stack.api(**HOOKS)
+    job_id = _submit(base, receiver.url("/flaky"))
+    wait_for(lambda: receiver.of(job_id, 200), 20, "a successful delivery")
+    wait_for(lambda: _settled(stack), 10, "the delivery to be settled")
+    hits = receiver.of(job_id)
+    assert [h.status for h in hits] == [500, 500, 200]
+    assert len({h.delivery for h in hits}) == 1  # one delivery, three attempts
+    assert all(_verified(h) for h in hits)
+    assert all(h.body == hits[0].body for h in hits)  # the snapshot travels with the retries
+    assert hits[0].headers["content-type"] == "application/json"
+    view = _get(base, job_id)
+    assert view["status"] == "succeeded" and json.loads(hits[-1].body) == view
+    assert _deliveries(base) == {"delivered": 1.0, "retried": 2.0}
+    assert _health_hooks(base) == {"queued": 0, "retrying": 0, "dead": 0}
+
+
+def test_cancelled_job_is_delivered_and_internal_targets_are_refused(
+    stack: Stack, receiver: Receiver
+) -> None:
+    base = stack.api(**HOOKS)  # no worker: the job waits until cancelled
+    job_id = _submit(base, receiver.url("/ok"))
+    r = httpx.delete(f"{base}/v1/jobs/{job_id}", timeout=5)
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    (hit,) = wait_for(lambda: receiver.of(job_id, 200), 10, "the cancelled job's delivery")
+    body = json.loads(hit.body)
+    assert body == _get(base, job_id) and body["error"]["code"] == "cancelled" and _verified(hit)
+
+    for url, rule in [
+        ("http://10.0.0.1/x", "webhook host 10.0.0.1 is a private address; allow it with INFERQ_WEBHOOK_ALLOW"),
+        ("http://169.254.169.254/latest/meta-data/", "169.254.169.254 is the cloud metadata address"),
+        ("http://[::1]/x", "::1 is a loopback address"),
+        ("ftp://127.0.0.1/x", "scheme 'ftp'"),
+    ]:  # fmt: skip
+        r = httpx.post(f"{base}/v1/jobs", json={"input": "x", "webhook": {"url": url}}, timeout=5)
+        assert r.status_code == 422 and rule in r.json()["error"]["message"], r.text
+    strict = stack.api(webhook_secret=SECRET)  # no allow-list: the receiver itself is refused
+    r = httpx.post(
+        f"{strict}/v1/jobs", json={"input": "x", "webhook": {"url": receiver.url("/ok")}}, timeout=5
+    )
+    assert r.status_code == 422 and "127.0.0.1 is a loopback address" in r.text
+    assert stack.r.keys(keys.job("*")) == [keys.job(job_id).encode()]  # none stored
+    assert len(receiver.hits) == 1  # and no connection was made for any refused one
+
+
+def test_deliveries_survive_an_api_killed_mid_delivery(stack: Stack, receiver: Receiver) -> None:
+    """One delivery is in flight (the receiver holds it) and one is failing with 500s when
+    the API is SIGKILLed; a new API takes the first over and promotes the second."""
+    stack.worker()
+    base = stack.api(**HOOKS)
+    failing = _submit(base, receiver.url("/fail"), "failing")
+    wait_for(lambda: len(receiver.of(failing)) >= 2, 20, "the failing delivery to be retried")
+    held = _submit(base, receiver.url("/hang"), "held")
+    wait_for(receiver.held.is_set, 20, "the held delivery to reach the receiver")
+    api = next(p for p in stack.procs if p.name == "api")
+    api.popen.kill()  # well within the held attempt's 1 s timeout
+    api.wait(10)
+    pending = stack.r.xpending_range(keys.webhooks(), keys.WEBHOOK_GROUP, "-", "+", 10)
+    in_flight = [stack.r.xrange(keys.webhooks(), p["message_id"], p["message_id"]) for p in pending]
+    # The held delivery is in the dead consumer's pending list: only a take-over can finish it.
+    assert [{b"job": held.encode()}] in [_fields(e) for e in in_flight]
+    receiver.failing = False
+    receiver.release.set()
+    stack.api(**HOOKS)
+    for job_id in (held, failing):
+        wait_for(partial(receiver.of, job_id, 200), 20, f"job {job_id} delivered after restart")
+    wait_for(lambda: _settled(stack), 10, "everything settled")
+    for job_id in (held, failing):
+        hits = receiver.of(job_id)
+        assert len({h.delivery for h in hits}) == 1 and len(receiver.of(job_id, 200)) == 1
+        assert all(_verified(h) for h in hits)
+    assert [h.status for h in receiver.of(held)] == [0, 200]  # held, then taken over
+
+
+def test_dead_letters_after_max_age_and_on_refusal(stack: Stack, receiver: Receiver) -> None:
+    stack.worker()
+    base = stack.api(**HOOKS | {"webhook_max_age_s": 1})
+    failing = _submit(base, receiver.url("/fail"), "always 500")
+    gone = _submit(base, receiver.url("/gone"), "410")
+    wait_for(lambda: _health_hooks(base)["dead"] == 2, 15, "two dead letters in /v1/health")
+    dead = {e[b"job"].decode(): e for e in _fields(stack.r.xrange(keys.webhook_dead()))}
+    assert set(dead) == {failing, gone}
+    assert "INFERQ_WEBHOOK_MAX_AGE_S=1:" in dead[failing][b"reason"].decode()
+    assert dead[gone][b"reason"] == b"HTTP 410" and len(receiver.of(gone)) == 1  # at once
+    record = Delivery.unpack(dead[failing][b"delivery"])
+    attempts = receiver.of(failing)
+    assert record.attempts == len(attempts) >= 2 and record.error == "HTTP 500"
+    assert json.loads(record.body) == _get(base, failing)  # kept for a replay
+    assert _deliveries(base) == {"dead": 2.0, "retried": float(len(attempts) - 1)}
+    assert _settled(stack)
+
+
+# --- the scripts and the take-over cap, in process ------------------------------------------------
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    r = Redis.from_url(redis_url)
+    await r.xgroup_create(keys.webhooks(), keys.WEBHOOK_GROUP, id="0", mkstream=True)
+    yield r
+    await r.aclose()
+
+
+async def test_racing_promoters_move_each_due_retry_exactly_once(
+    redis: Redis, redis_url: str
+) -> None:
+    records = {f"record-{i}".encode(): 0 for i in range(300)}  # all due
+    await redis.zadd(keys.webhook_retry(), records)  # type: ignore[arg-type]
+    await redis.zadd(keys.webhook_retry(), {b"later": 2**50})
+    clients = [Redis.from_url(redis_url) for _ in range(4)]
+    promote = [c.register_script(PROMOTE) for c in clients]
+    script_keys = [keys.webhook_retry(), keys.webhooks()]
+    await asyncio.gather(*(p(keys=script_keys, args=[7]) for p in promote for _ in range(15)))
+    moved = [f[b"delivery"] for f in _fields(await redis.xrange(keys.webhooks()))]
+    assert sorted(moved) == sorted(records)  # every due one, none twice
+    assert await redis.zrange(keys.webhook_retry(), 0, -1) == [b"later"]
+    for c in clients:
+        await c.aclose()
+
+
+async def test_settle_only_by_the_consumer_that_holds_the_entry(redis: Redis) -> None:
+    stream, group = keys.webhooks(), keys.WEBHOOK_GROUP
+    await redis.xadd(stream, {"job": "j1"})
+    entry_id = _first_id(await redis.xreadgroup(group, "slow", {stream: ">"}, count=1))
+    await redis.xautoclaim(stream, group, "taker", 0, count=1)  # the slow one lost it
+    settle = redis.register_script(SETTLE)
+    script_keys = [stream, keys.webhook_retry(), keys.webhook_dead()]
+    late = await settle(keys=script_keys, args=[group, "slow", entry_id, "retry", 10, b"rec"])
+    assert late == 0 and await redis.zcard(keys.webhook_retry()) == 0
+    args = [group, "taker", entry_id, "dead", 100, "j1", b"rec", "HTTP 410"]
+    assert await settle(keys=script_keys, args=args) == 1
+    assert await redis.xlen(keys.webhook_dead()) == 1 and await redis.xlen(stream) == 0
+    assert (await redis.xpending(stream, group))["pending"] == 0
+
+
+async def test_an_entry_taken_over_too_often_is_dead_lettered_unattempted(
+    redis: Redis, redis_url: str
+) -> None:
+    settings = Settings(model="echo", webhook_secret=SECRET, webhook_timeout_s=0.05)
+    queue = JobQueue(redis, result_ttl_s=60)
+    job = Job(id="crashy", model="echo", inputs=["x"], webhook={"url": "https://8.8.8.8/h"})
+    await queue.submit(job)
+    error = JobError(ErrorCode.CANCELLED, "cancelled")
+    final = encode_final(Status.CANCELLED, finished_ms=1, error=error)
+    await queue.cancel(job, final, only_if_queued=False)  # FINISH queues the delivery
+    stream, group = keys.webhooks(), keys.WEBHOOK_GROUP
+    entry_id = _first_id(await redis.xreadgroup(group, "crashed", {stream: ">"}, count=1))
+    # As if four deliverers had died holding it (delivered 5 times) and it idled since: the
+    # next take-over is its sixth delivery, one past MAX_DELIVERIES.
+    await redis.xclaim(stream, group, "crashed", 0, [entry_id], idle=60_000, retrycount=5)
+    calls: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        return httpx.Response(200)
+
+    poster = Poster(settings, transport=httpx.MockTransport(answer))
+    blocking = pubsub_client(redis_url, connect_timeout_s=2)  # what the app gives it
+    dispatcher = Dispatcher(settings, queue, blocking, api_metrics(), poster=poster)
+    dispatcher.start()
+    try:
+        await asyncio.wait_for(_until(lambda: redis.xlen(keys.webhook_dead())), 10)
+    finally:
+        await dispatcher.stop()
+    [fields] = _fields(await redis.xrange(keys.webhook_dead()))
+    assert fields[b"job"] == b"crashy" and b"taken over 5 times" in fields[b"reason"]
+    assert calls == [] and await redis.xlen(stream) == 0
+
+
+async def _until(read: Callable[[], Awaitable[int]]) -> None:
+    for _ in range(500):
+        if await read():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("timed out")
+
+
+def _fields(entries: Any) -> list[dict[bytes, bytes]]:
+    """XRANGE's entries, fields only."""
+    return [fields for _, fields in entries]
+
+
+def _first_id(reply: Any) -> str:
+    """The first entry id of an XREADGROUP reply."""
+    return str(reply[0][1][0][0].decode())
