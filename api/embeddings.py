@@ -24,12 +24,16 @@ A 202 carries `x-should-retry: false` so a client never resubmits the same texts
 first job is still queued (an OpenAI client raises on it: give it a `wait` that fits). The
 job still finishes; `GET /v1/jobs/{id}` (the `Location`) returns its vectors. Redis errors keep inferq's
 shape (503 + Retry-After, from the app's handlers), whose `error.message` clients read too.
+
+The route is four functions, `parse_request` → `submission` → (`refusal`) → `answer`, each
+an `Answer` (status, body) before HTTP: a batch line (`inferq.api.batch_lines`) goes through
+the same four, so its output is exactly what this route would have sent.
 """
 
 from __future__ import annotations
 
 import base64
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -84,11 +88,34 @@ class EmbeddingsResponse(BaseModel):
     usage: Usage
 
 
-def openai_error(
-    status: int, message: str, type_: str, code: str, *, param: str | None = None, **kw: Any
-) -> FastJSON:
+class Answer(NamedTuple):
+    """What the endpoint answers, before HTTP: the route sends it, a batch line records it."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] | None = None
+
+    def response(self) -> FastJSON:
+        return FastJSON(self.body, status_code=self.status, headers=self.headers)
+
+
+def openai_error_answer(
+    status: int,
+    message: str,
+    type_: str,
+    code: str,
+    *,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Answer:
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    return FastJSON(body, status_code=status, **kw)
+    return Answer(status, body, headers)
+
+
+def openai_error(
+    status: int, message: str, type_: str, code: str, *, param: str | None = None
+) -> FastJSON:
+    return openai_error_answer(status, message, type_, code, param=param).response()
 
 
 def approx_tokens(text: str) -> int:
@@ -107,11 +134,71 @@ def _encode(row: np.ndarray, fmt: str) -> np.ndarray | str:
     return row  # orjson writes numpy rows natively
 
 
-def _failed(job: Job) -> FastJSON:
+def parse_request(raw: bytes) -> EmbeddingsRequest | Answer:
+    """The request in a JSON body, or the 400 the endpoint answers for it."""
+    try:
+        req = EmbeddingsRequest.model_validate_json(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ())) or None
+        message, _ = validation_message(list(e.errors()))  # type: ignore[arg-type]
+        return openai_error_answer(
+            400, message, "invalid_request_error", "invalid_request", param=param
+        )
+    if not req.texts():
+        return openai_error_answer(
+            400, "'input' is empty", "invalid_request_error", "invalid_request", param="input"
+        )
+    return req
+
+
+def submission(req: EmbeddingsRequest, tenant: str, **fields: Any) -> Submission:
+    """The job a request asks for (`fields`: priority, idempotency_key, timeout_s...)."""
+    return Submission(items=list(req.texts()), model=req.model, tenant=tenant, **fields)
+
+
+def refusal(e: RequestError) -> Answer:
+    """What the endpoint answers when the submission is refused."""
+    if isinstance(e, Overloaded):
+        return openai_error_answer(
+            429, str(e), "rate_limit_error", e.reason, headers={"Retry-After": str(e.retry_after_s)}
+        )
+    status, code = request_error(e)
+    return openai_error_answer(status, str(e), "invalid_request_error", code)
+
+
+def _failed(job: Job) -> Answer:
     code = job.error.code if job.error else "model_error"
     message = job.error.message if job.error else f"job {job.id} {job.status}"
     status, type_ = job_failure(code)
-    return openai_error(status, message, type_, code)
+    return openai_error_answer(status, message, type_, code)
+
+
+def answer(req: EmbeddingsRequest, job: Job) -> Answer:
+    """What the endpoint answers for a final job: the vectors (200) or OpenAI's error shape."""
+    if job.status != Status.SUCCEEDED or not isinstance(job.outputs, np.ndarray):
+        return _failed(job)
+    outputs = job.outputs
+    if req.dimensions is not None and req.dimensions != outputs.shape[1]:
+        return openai_error_answer(
+            400,
+            f"dimensions={req.dimensions} is not supported: {job.model} returns {outputs.shape[1]}",
+            "invalid_request_error",
+            "invalid_request",
+            param="dimensions",
+        )
+    tokens = sum(approx_tokens(t) for t in req.texts())
+    data = [
+        {"object": "embedding", "index": i, "embedding": _encode(row, req.encoding_format)}
+        for i, row in enumerate(outputs)
+    ]
+    body = {
+        "object": "list",
+        "data": data,
+        "model": job.model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+    return Answer(200, body)
 
 
 @router.post(
@@ -134,31 +221,15 @@ async def create_embeddings(
     idempotency_key: IdempotencyKey = None,
 ) -> FastJSON:
     """OpenAI-compatible embeddings: one vector per input, in input order."""
+    req = parse_request(await request.body())
+    if isinstance(req, Answer):
+        return req.response()
     try:
-        req = EmbeddingsRequest.model_validate_json(await request.body())
-    except ValidationError as e:
-        first = e.errors()[0]
-        param = ".".join(str(p) for p in first.get("loc", ())) or None
-        message, _ = validation_message(list(e.errors()))  # type: ignore[arg-type]
-        return openai_error(400, message, "invalid_request_error", "invalid_request", param=param)
-    texts = req.texts()
-    if not texts:
-        return openai_error(
-            400, "'input' is empty", "invalid_request_error", "invalid_request", param="input"
-        )
-    try:
-        sub = Submission(
-            items=list(texts), model=req.model, tenant=tenant, idempotency_key=idempotency_key
-        )
+        sub = submission(req, tenant, idempotency_key=idempotency_key)
         wait_s = jobs.clamp_wait(req.wait, settings.sync_wait_s)
         job = await jobs.run(sub, wait_s, lambda: disconnected(request))
-    except Overloaded as e:
-        return openai_error(
-            429, str(e), "rate_limit_error", e.reason, headers={"Retry-After": str(e.retry_after_s)}
-        )
     except RequestError as e:
-        status, code = request_error(e)
-        return openai_error(status, str(e), "invalid_request_error", code)
+        return refusal(e).response()
     if job is None:
         return FastJSON({"status": "cancelled"}, status_code=499)
     if not job.status.is_final:
@@ -167,27 +238,4 @@ async def create_embeddings(
             status_code=202,
             headers={"Location": f"/v1/jobs/{job.id}", "x-should-retry": "false"},
         )
-    if job.status != Status.SUCCEEDED or not isinstance(job.outputs, np.ndarray):
-        return _failed(job)
-    outputs = job.outputs
-    if req.dimensions is not None and req.dimensions != outputs.shape[1]:
-        return openai_error(
-            400,
-            f"dimensions={req.dimensions} is not supported: {job.model} returns {outputs.shape[1]}",
-            "invalid_request_error",
-            "invalid_request",
-            param="dimensions",
-        )
-    tokens = sum(approx_tokens(t) for t in texts)
-    data = [
-        {"object": "embedding", "index": i, "embedding": _encode(row, req.encoding_format)}
-        for i, row in enumerate(outputs)
-    ]
-    return FastJSON(
-        {
-            "object": "list",
-            "data": data,
-            "model": job.model,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
-    )
+    return answer(req, job).response()
