@@ -1,8 +1,16 @@
-"""`inferq api`: serve the HTTP front end with uvicorn (no --reload: it forks)."""
+"""`inferq api`: serve the HTTP front end with uvicorn (no --reload: it forks).
+
+Every response carries `X-Inferq-Api`: a random id of the process that answered, logged at
+start, so with several API processes behind one port (`inferq up --apis N`) or a load
+balancer one can tell which served a request.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import secrets
+import socket
 import sys
 from types import FrameType
 
@@ -29,13 +37,15 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def main(settings: Settings, host: str, port: int) -> int:
+def main(settings: Settings, host: str, port: int, fd: int | None = None) -> int:
+    """Serve on host:port, or on the inherited listening socket `fd` (`inferq up`)."""
     setup_logging(settings.log_level, settings.log_format)
     try:
         app = create_app(settings)
     except (ValueError, OSError) as e:  # e.g. INFERQ_API_KEYS malformed or its file missing
         print("inferq: invalid configuration:", e, file=sys.stderr)
         return 2
+    instance = secrets.token_hex(4)
     config = uvicorn.Config(
         app,
         host=host,
@@ -46,6 +56,11 @@ def main(settings: Settings, host: str, port: int) -> int:
         timeout_keep_alive=max(1, round(settings.keepalive_s)),
         http="auto",  # httptools (C) when installed, as the api extra does; h11 otherwise
         log_level=logging.getLevelName(logging.getLogger().level).lower(),
+        headers=[("X-Inferq-Api", instance)],
     )
-    _Server(config, app).run()
+    logging.getLogger("inferq.api").info("api process %s (pid %d)", instance, os.getpid())
+    # An inherited socket is shared with the other API processes: the kernel gives each new
+    # connection to one of them. (socket() with a fileno detects its family itself.)
+    sockets = None if fd is None else [socket.socket(fileno=fd)]
+    _Server(config, app).run(sockets=sockets)
     return 0

@@ -59,26 +59,59 @@ Port = Annotated[int, typer.Option(help="Port the API listens on.")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help=_about("model"))]
 
 
+Devices = Annotated[
+    str | None,
+    typer.Option(
+        help="One worker per device: 'cuda:0,cuda:1', or 'all' (every CUDA device torch sees; "
+        "the CPU when there is none). Default: one worker on INFERQ_DEVICE."
+    ),
+]
+Workers = Annotated[
+    int, typer.Option(min=1, help="Workers per device; on a CPU they split its cores.")
+]
+Apis = Annotated[int, typer.Option(min=1, help="API processes, all serving --port.")]
+Fd = Annotated[
+    int | None,
+    typer.Option(
+        help="Accept on this inherited listening socket instead of binding --host/--port "
+        "(`inferq up` passes it to each of its API processes)."
+    ),
+]
+
+
 @app.command()
-def up(host: Host = "127.0.0.1", port: Port = 8000, model: ModelOpt = None) -> None:
-    """Redis (unless INFERQ_REDIS_URL is set) + one worker + the API, supervised until Ctrl-C."""
-    from inferq.up import run_up
+def up(
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
+    model: ModelOpt = None,
+    devices: Devices = None,
+    workers: Workers = 1,
+    apis: Apis = 1,
+) -> None:
+    """Redis (unless INFERQ_REDIS_URL is set) + workers + API processes, supervised until
+    Ctrl-C."""
+    from inferq.up import resolve_devices, run_up
 
     settings = _settings(model=model)
+    try:
+        chosen = resolve_devices(devices)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--devices") from None
     explicit_redis = "INFERQ_REDIS_URL" in os.environ
     redis_url = settings.redis_url.get_secret_value() if explicit_redis else None
     code = run_up(
-        host=host, port=port, model=model, data_dir=Path(settings.data_dir), redis_url=redis_url
-    )
+        host=host, port=port, model=model, data_dir=Path(settings.data_dir), redis_url=redis_url,
+        devices=chosen, workers=workers, apis=apis, model_name=settings.default_model.name,
+    )  # fmt: skip
     raise typer.Exit(code)
 
 
 @app.command()
-def api(host: Host = "127.0.0.1", port: Port = 8000) -> None:
+def api(host: Host = "127.0.0.1", port: Port = 8000, fd: Fd = None) -> None:
     """The HTTP front end, against INFERQ_REDIS_URL (no torch, no device)."""
     from inferq.api.main import main as api_main
 
-    raise typer.Exit(api_main(_settings(), host, port))
+    raise typer.Exit(api_main(_settings(), host, port, fd=fd))
 
 
 @app.command()
@@ -142,7 +175,8 @@ def bench(
     corpus: Annotated[
         str,
         typer.Option(
-            help="Comma-separated corpora: short, mixed (minilm), images (efficientnet-lite0)."
+            help="Comma-separated corpora: short, mixed (minilm), images (efficientnet-lite0), "
+            "echo (the echo model at zero delay: inferq's path beside the floors)."
         ),
     ] = "short,mixed",
     concurrency: Annotated[str, typer.Option(help="Closed-loop client counts.")] = "1,8,32,128",
@@ -151,7 +185,14 @@ def bench(
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
     backend: Annotated[str, typer.Option(help="torch | onnx")] = "torch",
     repeat: Annotated[int, typer.Option(min=1, help="Runs; the table shows medians.")] = 1,
-    systems: Annotated[str | None, typer.Option(help="Subset of the systems to run.")] = None,
+    systems: Annotated[
+        str | None,
+        typer.Option(
+            help="Subset of: ceiling, seed, inferq, jobs, litserve, infinity, infinity-optimum "
+            "(Infinity's own venv, `make bench-infinity`), frontend, floor-fastapi, floor-redis "
+            "(with --corpus echo). Default: all but infinity-optimum."
+        ),
+    ] = None,
     env: Annotated[
         list[str] | None, typer.Option(help="KEY=VALUE for every server process (repeatable).")
     ] = None,
@@ -161,7 +202,8 @@ def bench(
         str | None, typer.Option(help="Where benchmarks.md/png go ('' = skip).")
     ] = None,
 ) -> None:
-    """Measure inferq beside the model alone, the plain FastAPI pattern and LitServe, one run."""
+    """Measure inferq beside the model alone, the plain FastAPI pattern, LitServe and Infinity,
+    and inferq's echo path beside bare FastAPI and FastAPI + one Redis round trip, one run."""
     from inferq.bench.main import ALL_SYSTEMS, DEFAULT_DOCS, DEFAULT_OUT, BenchOptions
     from inferq.bench.main import main as run
 

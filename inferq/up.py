@@ -1,15 +1,29 @@
-"""``inferq up``: Redis, one worker and one API on this machine, supervised until Ctrl-C."""
+"""``inferq up``: Redis, the workers and the API processes on this machine, supervised until
+Ctrl-C.
+
+By default one worker and one API process. ``--devices`` starts one worker per device
+(``all``: every CUDA device torch sees, else one on the CPU), ``--workers N`` N per device
+(on a CPU they split the cores), ``--apis N`` N API processes. The supervisor binds the API
+port itself and every API process accepts on that one socket (the kernel hands each new
+connection to one of them), so N processes serve one port, each with its own Redis pool and
+completion subscriber, and a restarting one never closes the port. Each child restarts on
+its own with backoff; on stop the API processes go first (all at once), then the workers
+(all at once, each draining), then Redis.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -17,7 +31,7 @@ from urllib.parse import urlsplit
 
 from inferq.redis_server import RedisServer, RedisServerError, free_port
 
-__all__ = ["next_backoff_s", "run_up"]
+__all__ = ["cuda_devices", "next_backoff_s", "plan_workers", "resolve_devices", "run_up"]
 
 DEFAULT_REDIS_PORT = 6390
 BACKOFF_INITIAL_S = 1.0
@@ -64,10 +78,13 @@ def _redacted(url: str) -> str:
 class _Child:
     """One supervised subprocess with its own restart backoff."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self, name: str, argv: list[str], env: dict[str, str], pass_fds: Sequence[int] = ()
+    ) -> None:
         self.name = name
         self.argv = argv
         self.env = env
+        self.pass_fds = tuple(pass_fds)  # the shared listening socket, for API processes
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
         self.backoff_s = 0.0
@@ -76,7 +93,9 @@ class _Child:
     def start(self) -> None:
         # Own session: a terminal Ctrl-C reaches only the supervisor, which then stops the
         # API before the worker so no new jobs arrive while the worker drains its batch.
-        self.proc = subprocess.Popen(self.argv, env=self.env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, start_new_session=True, pass_fds=self.pass_fds
+        )
         self.started_at = time.monotonic()
 
     def check(self, now: float) -> None:
@@ -97,19 +116,129 @@ class _Child:
             f"restarting in {self.backoff_s:g}s"
         )
 
-    def stop(self, timeout_s: float) -> None:
+    def terminate(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+
+    def reap(self, timeout_s: float) -> None:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                _say(f"{self.name} did not stop within {timeout_s:g}s; killing it")
-                proc.kill()
-                proc.wait()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _say(f"{self.name} did not stop within {STOP_TIMEOUT_S:g}s; killing it")
+            proc.kill()
+            proc.wait()
         _say(f"{self.name} stopped (code {proc.returncode})")
+
+
+def _stop_all(group: Sequence[_Child], timeout_s: float) -> None:
+    """SIGTERM the whole group at once (they drain in parallel), then wait for each."""
+    for child in group:
+        child.terminate()
+    deadline = time.monotonic() + timeout_s
+    for child in group:
+        child.reap(max(0.0, deadline - time.monotonic()))
+
+
+# --- what to start --------------------------------------------------------------------------
+
+_DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+|auto)$")
+
+
+def _output(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout
+
+
+def cuda_devices() -> list[str]:
+    """`cuda:0` … as torch numbers them (CUDA_VISIBLE_DEVICES applies), counted in a child
+    process so the supervisor never holds a CUDA context; nvidia-smi when torch is absent.
+    A CPU-only torch counts none, rightly: its workers could not use a GPU."""
+    if importlib.util.find_spec("torch") is not None:
+        out = _output([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"])
+        lines = out.split()
+        count = int(lines[-1]) if lines and lines[-1].isdigit() else 0
+    elif shutil.which("nvidia-smi"):
+        out = _output(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"])
+        count = len([line for line in out.splitlines() if line.strip()])
+    else:
+        count = 0
+    return [f"cuda:{i}" for i in range(count)]
+
+
+def resolve_devices(spec: str | None) -> list[str] | None:
+    """`--devices`: None (not given: the worker's INFERQ_DEVICE decides), `all` (every CUDA
+    device, else the CPU), or a comma-separated list such as `cuda:0,cuda:1`."""
+    if spec is None:
+        return None
+    if spec.strip() == "all":
+        return cuda_devices() or ["cpu"]
+    devices = [d.strip() for d in spec.split(",") if d.strip()]
+    bad = [d for d in devices if not _DEVICE.match(d)]
+    if not devices or bad:
+        raise ValueError(f"want 'all', or devices such as 'cuda:0,cuda:1' or 'cpu'; got {spec!r}")
+    return devices
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def plan_workers(
+    devices: list[str] | None,
+    per_device: int,
+    *,
+    model_name: str,
+    env: Mapping[str, str],
+    cores: int | None = None,
+    host: str | None = None,
+) -> list[tuple[str, dict[str, str]]]:
+    """(name, environment overrides) of each worker process to start.
+
+    One worker and no `--devices`: no overrides, the worker's own settings decide (as before
+    scaling existed). Otherwise each worker gets its INFERQ_DEVICE and a distinct, stable
+    INFERQ_WORKER_ID (its consumer name: a restarted worker must find its own pending
+    entries), and workers sharing the CPU split its cores: one batch at a time each, on
+    cores ÷ workers threads, unless INFERQ_MODEL_THREADS / INFERQ_INTRA_OP_THREADS are set.
+    """
+    if per_device < 1:
+        raise ValueError(f"--workers must be at least 1, got {per_device}")
+    if devices is None and per_device == 1:
+        return [("worker", {})]
+    if devices is None:
+        devices = [env.get("INFERQ_DEVICE", "auto")]
+        if devices == ["auto"]:  # resolved here, so CPU workers can be told their share
+            devices = [(cuda_devices() or ["cpu"])[0]]
+    base = env.get("INFERQ_WORKER_ID") or host or socket.gethostname()
+    on_cpu = devices.count("cpu") * per_device
+    streams = int(env.get("INFERQ_MODEL_THREADS") or 0) or 1  # 0 = auto: one here
+    share = max(1, (cores or _cores()) // max(1, on_cpu * streams))
+    plan = []
+    for device in devices:
+        for k in range(per_device):
+            overrides = {
+                "INFERQ_DEVICE": device,
+                "INFERQ_WORKER_ID": f"{base}:{device}:{model_name}:{k}",
+            }
+            if device == "cpu" and on_cpu > 1:
+                overrides["INFERQ_MODEL_THREADS"] = str(streams)
+                overrides["INFERQ_INTRA_OP_THREADS"] = env.get("INFERQ_INTRA_OP_THREADS") or str(
+                    share
+                )
+            plan.append((f"worker {device} #{k}", overrides))
+    return plan
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The API port, bound once here; every API process accepts on this one socket."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # Inherited by the API processes only (Popen's pass_fds); the others close it.
+    return socket.create_server((host, port), family=family, backlog=2048)
 
 
 def _start_redis(data_dir: Path) -> RedisServer:
@@ -143,14 +272,52 @@ def _install_handlers(handler: Callable[[int, FrameType | None], None]) -> dict[
     return previous
 
 
-def _print_banner(host: str, port: int, worker: _Child, api: _Child) -> None:
+def _pid(child: _Child) -> str:
+    return str(child.proc.pid) if child.proc else "?"
+
+
+def _print_banner(host: str, port: int, workers: list[_Child], apis: list[_Child]) -> None:
     # A wildcard bind address is not something a browser can open.
     shown = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
     shown = f"[{shown}]" if ":" in shown else shown
-    _say(f"worker:  pid {worker.proc.pid if worker.proc else '?'}")
-    _say(f"api:     http://{shown}:{port}  (pid {api.proc.pid if api.proc else '?'})")
+    for w in workers:
+        _say(f"{w.name}:  pid {_pid(w)}")
+    pids = ", ".join(_pid(a) for a in apis)
+    _say(f"api:     http://{shown}:{port}  (pid {pids})")
     _say(f"docs:    http://{shown}:{port}/docs")
     _say("Ctrl-C to stop")
+
+
+def _redis(data_dir: Path, redis_url: str | None) -> tuple[RedisServer | None, str] | None:
+    """Our own redis-server (unless given a URL) and the URL to use; None if it failed."""
+    if redis_url is not None:
+        _say(f"redis:   {_redacted(redis_url)}  (external, not managed here)")
+        return None, redis_url
+    try:
+        server = _start_redis(Path(data_dir))
+    except RedisServerError as exc:
+        _say(f"could not start redis-server: {exc}")
+        return None
+    _say(f"redis:   {server.url}  (data in {server.data_dir}, {server.binary})")
+    return server, server.url
+
+
+def _children(
+    plan: list[tuple[str, dict[str, str]]],
+    apis: int,
+    *,
+    env: dict[str, str],
+    model: str | None,
+    api_args: list[str],
+    fd: int,
+) -> tuple[list[_Child], list[_Child]]:
+    """(API processes, worker processes), not started yet."""
+    base = [sys.executable, "-m", "inferq.cli"]
+    worker_argv = [*base, "worker", *(["--model", model] if model else [])]
+    workers = [_Child(name, worker_argv, env | overrides) for name, overrides in plan]
+    api_argv = [*base, "api", *api_args, "--fd", str(fd)]
+    names = ["api"] if apis == 1 else [f"api #{i}" for i in range(apis)]
+    return [_Child(n, api_argv, env, pass_fds=(fd,)) for n in names], workers
 
 
 def run_up(
@@ -161,57 +328,61 @@ def run_up(
     data_dir: Path,
     redis_url: str | None,
     env: Mapping[str, str] | None = None,
+    devices: list[str] | None = None,
+    workers: int = 1,
+    apis: int = 1,
+    model_name: str = "",
 ) -> int:
+    """Run until SIGINT/SIGTERM; 0 on a clean stop, 1 if something could not start."""
     stop_signals: list[int] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         stop_signals.append(signum)
 
     previous = _install_handlers(on_signal)
-
     server: RedisServer | None = None
-    children: list[_Child] = []
+    listener: socket.socket | None = None
+    api_children: list[_Child] = []
+    worker_children: list[_Child] = []
     try:
-        if redis_url is None:
-            try:
-                server = _start_redis(Path(data_dir))
-            except RedisServerError as exc:
-                _say(f"could not start redis-server: {exc}")
-                return 1
-            redis_url = server.url
-            _say(f"redis:   {redis_url}  (data in {server.data_dir}, {server.binary})")
-        else:
-            _say(f"redis:   {_redacted(redis_url)}  (external, not managed here)")
-
         child_env = dict(os.environ if env is None else env)
-        child_env["INFERQ_REDIS_URL"] = redis_url
+        try:
+            plan = plan_workers(devices, workers, model_name=model_name or "model", env=child_env)
+            listener = _listen(host, port)
+        except (ValueError, OSError) as exc:  # a bad --devices, or the port is taken
+            _say(f"cannot start: {exc}")
+            return 1
+        if (got := _redis(data_dir, redis_url)) is None:
+            return 1
+        server, child_env["INFERQ_REDIS_URL"] = got
         if model:
             child_env["INFERQ_MODEL"] = model
-        base = [sys.executable, "-m", "inferq.cli"]
-        worker_args = ["--model", model] if model else []
-        worker = _Child("worker", [*base, "worker", *worker_args], child_env)
-        api = _Child("api", [*base, "api", "--host", host, "--port", str(port)], child_env)
-        children = [api, worker]
-        worker.start()
-        api.start()
-
-        _print_banner(host, port, worker, api)
+        api_children, worker_children = _children(
+            plan, apis, env=child_env, model=model, fd=listener.fileno(),
+            api_args=["--host", host, "--port", str(port)],
+        )  # fmt: skip
+        for child in [*worker_children, *api_children]:
+            child.start()
+        _print_banner(host, port, worker_children, api_children)
 
         redis_state = {"backoff_s": 0.0, "restart_at": 0.0}
         while not stop_signals:
             now = time.monotonic()
             if server is not None:
                 _check_redis(server, now, redis_state)
-            for child in (worker, api):
+            for child in [*worker_children, *api_children]:
                 child.check(now)
             time.sleep(POLL_S)
         _say(f"got {signal.Signals(stop_signals[0]).name}; stopping")
         return 0
     finally:
-        # API first so nothing new is accepted, then the worker so it can finish its batch
-        # and hand back unstarted jobs, then Redis, which both still need until they exit.
-        for child in children:
-            child.stop(STOP_TIMEOUT_S)
+        # APIs first so nothing new is accepted (then the port closes), then the workers so
+        # they can finish their batches and hand back unstarted jobs, then Redis, which both
+        # still need until they exit.
+        _stop_all(api_children, STOP_TIMEOUT_S)
+        if listener is not None:
+            listener.close()
+        _stop_all(worker_children, STOP_TIMEOUT_S)
         if server is not None:
             server.stop()
             _say("redis-server stopped")

@@ -5,17 +5,28 @@ The API must answer 503 quickly when Redis is gone (short socket timeouts, one r
 a worker's blocking XREADGROUP needs a socket timeout longer than its BLOCK, or the
 read raises and drops a connection that the server already delivered entries on.
 TLS (`rediss://`) verifies certificates and host names explicitly.
+
+With `INFERQ_REDIS_SENTINELS` set, every client finds the master through the sentinels
+(redis-py's `SentinelConnectionPool`) and follows it across a failover: every (re)connect
+asks the sentinels where the master is (`FollowingConnection`), and a connection that fails,
+or meets a demoted master (READONLY), is dropped and reconnects to wherever they point. Each
+client keeps its own timeouts and retry policy; the password, database and TLS still come
+from `INFERQ_REDIS_URL` (its host and port are then unused).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
+from urllib.parse import urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import (
     MasterDownError,
@@ -82,41 +93,162 @@ def _tls_kwargs(url: str) -> dict[str, Any]:
     return {}
 
 
-def api_client(url: str, *, timeout_s: float, pool_size: int) -> Redis:
-    """Pooled client for request handlers: waits for a free connection, never 'Too many'."""
-    pool = BlockingConnectionPool.from_url(
-        url,
-        max_connections=pool_size,
-        timeout=timeout_s,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 1),
-        retry_on_error=list(RETRY_ON),
-        **_tls_kwargs(url),
+DEFAULT_MASTER = "mymaster"
+
+
+def sentinel_addresses(entries: Sequence[str]) -> list[tuple[str, int]]:
+    """`INFERQ_REDIS_SENTINELS` entries ('host:port', '[::1]:26379') as (host, port) pairs."""
+    out = []
+    for entry in entries:
+        host, sep, port = entry.strip().rpartition(":")
+        host = host.strip().removeprefix("[").removesuffix("]")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"invalid INFERQ_REDIS_SENTINELS entry {entry!r}: want host:port")
+        out.append((host, int(port)))
+    return out
+
+
+class SentinelRedis(Redis):
+    """A client of a Sentinel-managed master that also closes its sentinel connections."""
+
+    sentinels: Sentinel | None = None  # not `sentinel`: that is the SENTINEL command
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        # Only the client master_for made holds them; those made by .client() share its pool.
+        if self.sentinels is not None:
+            await self.sentinels.aclose()
+
+
+class FollowingConnection(SentinelManagedConnection):
+    """A master connection that asks the sentinels where the master is on *every* connect.
+
+    redis-py's own asks only in `connect()`; a command sent on a dropped connection (the
+    retry after a failover error) reconnects through `connect_check_health`, to the address
+    the connection last had: the old master (redis-py #3874, open). Here both paths resolve.
+    """
+
+    async def connect(self) -> None:
+        await self.retry.call_with_retry(
+            lambda: self.connect_check_health(
+                check_health=self.connection_pool.check_connection, retry_socket_connect=False
+            ),
+            lambda error: asyncio.sleep(0),
+        )
+
+    async def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        if self.is_connected:
+            return
+        self.host, self.port = await self.connection_pool.get_master_address()
+        await super().connect_check_health(
+            check_health=check_health, retry_socket_connect=retry_socket_connect
+        )
+
+
+class FollowingSSLConnection(FollowingConnection, SSLConnection):
+    pass
+
+
+class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+    """The API's pool in Sentinel mode: the master's address from the sentinels, and a caller
+    waits up to `timeout` for a free connection (never 'Too many connections')."""
+
+
+def _via_sentinels(
+    url: str,
+    sentinels: Sequence[str],
+    master: str,
+    pool_class: type[SentinelConnectionPool],
+    **connection: Any,
+) -> Redis:
+    """A client of `master` as the sentinels report it; `connection` as for a plain client."""
+    scheme = urlsplit(url).scheme
+    if scheme not in ("redis", "rediss"):
+        raise ValueError(
+            f"INFERQ_REDIS_SENTINELS needs a redis:// or rediss:// INFERQ_REDIS_URL, not {scheme}://"
+        )
+    parsed = parse_url(url)
+    # Only the credentials and the database: the master's address is the sentinels' answer.
+    node: dict[str, Any] = {k: v for k, v in parsed.items() if k in ("username", "password", "db")}
+    tls = _tls_kwargs(url)
+    node |= {"connection_class": FollowingSSLConnection if tls else FollowingConnection, **tls}
+    # Asking the sentinels must never hang a caller: one try each, bounded like a connect.
+    probe_s = connection.get("socket_connect_timeout") or 5.0
+    sentinel = Sentinel(
+        sentinel_addresses(sentinels),
+        sentinel_kwargs={
+            "socket_timeout": probe_s,
+            "socket_connect_timeout": probe_s,
+            "retry": Retry(NoBackoff(), 0),
+            **({"ssl": True, **tls} if tls else {}),
+        },
+        **node,
     )
+    client: SentinelRedis = sentinel.master_for(
+        master, redis_class=SentinelRedis, connection_pool_class=pool_class, **connection
+    )
+    client.sentinels = sentinel
+    return client
+
+
+def api_client(
+    url: str,
+    *,
+    timeout_s: float,
+    pool_size: int,
+    sentinels: Sequence[str] = (),
+    sentinel_master: str = DEFAULT_MASTER,
+) -> Redis:
+    """Pooled client for request handlers: waits for a free connection, never 'Too many'."""
+    policy: dict[str, Any] = {
+        "max_connections": pool_size,
+        "timeout": timeout_s,
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 1),
+        "retry_on_error": list(RETRY_ON),
+    }
+    if sentinels:
+        return _via_sentinels(url, sentinels, sentinel_master, BlockingSentinelPool, **policy)
+    pool = BlockingConnectionPool.from_url(url, **policy, **_tls_kwargs(url))
     return Redis(connection_pool=pool)
 
 
-def pubsub_client(url: str, *, connect_timeout_s: float) -> Redis:
+def pubsub_client(
+    url: str,
+    *,
+    connect_timeout_s: float,
+    sentinels: Sequence[str] = (),
+    sentinel_master: str = DEFAULT_MASTER,
+) -> Redis:
     """For the one long-lived subscriber per process: reads may idle indefinitely."""
-    return Redis.from_url(
-        url,
-        socket_timeout=None,
-        socket_connect_timeout=connect_timeout_s,
-        retry=Retry(ExponentialBackoff(cap=0.5), 0),
-        **_tls_kwargs(url),
-    )
+    policy: dict[str, Any] = {
+        "socket_timeout": None,
+        "socket_connect_timeout": connect_timeout_s,
+        "retry": Retry(ExponentialBackoff(cap=0.5), 0),
+    }
+    if sentinels:
+        return _via_sentinels(url, sentinels, sentinel_master, SentinelConnectionPool, **policy)
+    return Redis.from_url(url, **policy, **_tls_kwargs(url))
 
 
-def worker_client(url: str, *, block_ms: int) -> Redis:
+def worker_client(
+    url: str,
+    *,
+    block_ms: int,
+    sentinels: Sequence[str] = (),
+    sentinel_master: str = DEFAULT_MASTER,
+) -> Redis:
     """Worker client; the socket timeout comfortably exceeds any BLOCK we issue."""
-    timeout_s = block_ms / 1000 + 5.0
-    return Redis.from_url(
-        url,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=5.0,
+    policy: dict[str, Any] = {
+        "socket_timeout": block_ms / 1000 + 5.0,
+        "socket_connect_timeout": 5.0,
         # No blind retries: XREADGROUP '>' and XADD are not idempotent; the worker loop
         # handles connection errors itself (re-reads its PEL after reconnecting).
-        retry=Retry(ExponentialBackoff(), 0),
-        **_tls_kwargs(url),
-    )
+        "retry": Retry(ExponentialBackoff(), 0),
+    }
+    if sentinels:
+        return _via_sentinels(url, sentinels, sentinel_master, SentinelConnectionPool, **policy)
+    return Redis.from_url(url, **policy, **_tls_kwargs(url))

@@ -1,12 +1,27 @@
-"""Which Redis failures become QueueUnavailable (503 + Retry-After), and which stay bugs."""
+"""Which Redis failures become QueueUnavailable (503 + Retry-After), and which stay bugs; how
+each client is built, with or without Sentinel (nothing here opens a socket)."""
 
 from __future__ import annotations
 
 import pytest
+from redis.asyncio import BlockingConnectionPool
+from redis.asyncio.sentinel import SentinelConnectionPool
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, ResponseError
 
 from inferq.shared.errors import QueueUnavailable
-from inferq.shared.redis_conn import refused_inside_script, unavailable
+from inferq.shared.redis_conn import (
+    BlockingSentinelPool,
+    FollowingConnection,
+    FollowingSSLConnection,
+    SentinelRedis,
+    api_client,
+    pubsub_client,
+    refused_inside_script,
+    sentinel_addresses,
+    unavailable,
+    worker_client,
+)
 
 OOM_62 = (
     "Error running script (call to f_1b2c): @user_script:12: @user_script: 12: "
@@ -40,3 +55,92 @@ async def test_a_script_bug_stays_a_bug() -> None:
 
     with pytest.raises(ResponseError):
         await call()
+
+
+# --- Sentinel: every client finds the master through the sentinels, keeping its own policy ---
+
+SENTINELS = ["10.0.0.1:26379", "[::1]:26380"]
+
+
+def test_sentinel_addresses_parse_and_refuse_nonsense() -> None:
+    assert sentinel_addresses([" s1:26379", "[::1]:26380"]) == [("s1", 26379), ("::1", 26380)]
+    for bad in ("s1", "s1:", ":26379", "s1:port"):
+        with pytest.raises(ValueError, match="INFERQ_REDIS_SENTINELS"):
+            sentinel_addresses([bad])
+
+
+async def test_without_sentinels_the_url_decides() -> None:
+    client = api_client("redis://127.0.0.1:6390/0", timeout_s=2, pool_size=8)
+    assert type(client.connection_pool) is BlockingConnectionPool
+    await client.aclose()
+
+
+async def test_api_client_via_sentinels_keeps_its_pool_and_timeouts() -> None:
+    url = "redis://:s3cret@ignored-host:1/3"
+    client = api_client(url, timeout_s=1.5, pool_size=8, sentinels=SENTINELS, sentinel_master="m")
+    pool = client.connection_pool
+    assert isinstance(pool, BlockingSentinelPool) and pool.service_name == "m"
+    assert pool.max_connections == 8 and pool.timeout == 1.5  # waits for a free connection
+    kw = pool.connection_kwargs
+    assert kw["socket_timeout"] == 1.5 and kw["retry"].get_retries() == 1
+    # The URL gives the password and db; its host and port are never used.
+    assert kw["password"] == "s3cret" and kw["db"] == 3 and "host" not in kw
+    assert pool.connection_class is FollowingConnection
+    sentinel = pool.sentinel_manager
+    assert [c.connection_pool.connection_kwargs["host"] for c in sentinel.sentinels] == [
+        "10.0.0.1",
+        "::1",
+    ]
+    assert isinstance(client, SentinelRedis) and client.sentinels is sentinel
+    await client.aclose()
+
+
+async def test_worker_and_subscriber_via_sentinels_keep_their_policies() -> None:
+    worker = worker_client("redis://x/0", block_ms=1000, sentinels=SENTINELS)
+    kw = worker.connection_pool.connection_kwargs
+    assert kw["socket_timeout"] > 1.0 and kw["retry"].get_retries() == 0  # no blind retries
+    sub = pubsub_client("redis://x/0", connect_timeout_s=2, sentinels=SENTINELS)
+    assert sub.connection_pool.connection_kwargs["socket_timeout"] is None  # may idle forever
+    for client in (worker, sub):
+        assert type(client.connection_pool) is SentinelConnectionPool
+        assert client.connection_pool.service_name == "mymaster"
+        await client.aclose()
+
+
+async def test_tls_via_sentinels_verifies_and_unix_urls_are_refused() -> None:
+    client = api_client("rediss://x/0", timeout_s=1, pool_size=2, sentinels=SENTINELS)
+    pool = client.connection_pool
+    assert pool.connection_class is FollowingSSLConnection
+    assert pool.connection_kwargs["ssl_cert_reqs"] == "required"
+    assert pool.connection_kwargs["ssl_check_hostname"] is True
+    await client.aclose()
+    with pytest.raises(ValueError, match="redis:// or rediss://"):
+        worker_client("unix:///tmp/redis.sock", block_ms=100, sentinels=SENTINELS)
+
+
+class _Pool:
+    """Stands in for a SentinelConnectionPool: where the sentinels say the master is now."""
+
+    is_master = True
+    check_connection = False
+
+    async def get_master_address(self) -> tuple[str, int]:
+        return ("new-master", 6380)
+
+
+async def test_every_reconnect_asks_the_sentinels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """redis-py's own connection asks only in connect(); a command on a dropped connection
+    reconnects through connect_check_health, to the old address (redis-py #3874)."""
+    conn = FollowingConnection(connection_pool=_Pool(), host="old-master", port=6379)
+    dialled: list[tuple[str, int]] = []
+
+    async def dial() -> None:  # instead of a socket: note where it would connect
+        dialled.append((conn.host, conn.port))
+        raise RedisConnectionError("unreachable")
+
+    monkeypatch.setattr(conn, "_connect", dial)
+    with pytest.raises(RedisConnectionError):
+        await conn.send_command("PING")  # the path a retried command takes
+    with pytest.raises(RedisConnectionError):
+        await conn.connect()
+    assert dialled and set(dialled) == {("new-master", 6380)}

@@ -1,0 +1,68 @@
+"""`inferq up --devices/--workers`: which workers start, on which device, under which id."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferq import up
+
+
+def test_one_worker_and_no_devices_changes_nothing() -> None:
+    assert up.plan_workers(None, 1, model_name="echo", env={}) == [("worker", {})]
+
+
+def test_one_worker_per_device_each_with_a_stable_distinct_id() -> None:
+    plan = up.plan_workers(["cuda:0", "cuda:1"], 1, model_name="minilm", env={}, host="gpu1")
+    assert plan == [
+        ("worker cuda:0 #0", {"INFERQ_DEVICE": "cuda:0", "INFERQ_WORKER_ID": "gpu1:cuda:0:minilm:0"}),
+        ("worker cuda:1 #0", {"INFERQ_DEVICE": "cuda:1", "INFERQ_WORKER_ID": "gpu1:cuda:1:minilm:0"}),
+    ]  # fmt: skip
+
+
+def test_workers_on_the_cpu_split_its_cores() -> None:
+    plan = up.plan_workers(["cpu"], 3, model_name="echo", env={}, cores=8, host="h")
+    assert [o["INFERQ_WORKER_ID"] for _, o in plan] == [
+        "h:cpu:echo:0",
+        "h:cpu:echo:1",
+        "h:cpu:echo:2",
+    ]
+    assert all(
+        o["INFERQ_MODEL_THREADS"] == "1" and o["INFERQ_INTRA_OP_THREADS"] == "2" for _, o in plan
+    )
+
+
+def test_explicit_thread_settings_and_worker_id_are_kept() -> None:
+    env = {"INFERQ_MODEL_THREADS": "2", "INFERQ_INTRA_OP_THREADS": "3", "INFERQ_WORKER_ID": "w"}
+    plan = up.plan_workers(None, 2, model_name="echo", env=env | {"INFERQ_DEVICE": "cpu"}, cores=8)
+    assert [o["INFERQ_WORKER_ID"] for _, o in plan] == ["w:cpu:echo:0", "w:cpu:echo:1"]
+    assert all(
+        o["INFERQ_MODEL_THREADS"] == "2" and o["INFERQ_INTRA_OP_THREADS"] == "3" for _, o in plan
+    )
+
+
+def test_gpu_workers_get_no_thread_split() -> None:
+    plan = up.plan_workers(["cuda:0"], 2, model_name="echo", env={}, cores=8)
+    assert all("INFERQ_INTRA_OP_THREADS" not in o for _, o in plan)
+
+
+def test_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert up.resolve_devices(None) is None
+    assert up.resolve_devices("cuda:0, cuda:1") == ["cuda:0", "cuda:1"]
+    monkeypatch.setattr(up, "cuda_devices", lambda: [])
+    assert up.resolve_devices("all") == ["cpu"]  # no GPU: one worker on the CPU
+    monkeypatch.setattr(up, "cuda_devices", lambda: ["cuda:0", "cuda:1"])
+    assert up.resolve_devices("all") == ["cuda:0", "cuda:1"]
+    for bad in ("", "gpu0", "cuda:x", "cpu,,tpu"):
+        with pytest.raises(ValueError, match="want 'all'"):
+            up.resolve_devices(bad)
+    with pytest.raises(ValueError, match="--workers"):
+        up.plan_workers(None, 0, model_name="echo", env={})
+
+
+def test_auto_model_threads_count_as_one_per_worker() -> None:
+    plan = up.plan_workers(
+        ["cpu"], 2, model_name="echo", env={"INFERQ_MODEL_THREADS": "0"}, cores=4
+    )
+    assert all(
+        o["INFERQ_MODEL_THREADS"] == "1" and o["INFERQ_INTRA_OP_THREADS"] == "2" for _, o in plan
+    )
