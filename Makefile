@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-unit test-integration lint format clean bench
+.PHONY: install run test test-unit test-integration lint format clean bench bench-infinity
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,9 +35,26 @@ test-unit: install
 test-integration: install
 	$(PY) -m pytest tests/integration
 
-bench: install
+# Infinity, a peer in `inferq bench`, in its own venv: its pins (numpy<2, typer 0.12,
+# sentence-transformers 3, uvicorn 0.32) must never touch inferq's. torch is pinned on the same
+# command line so the resolver keeps the local CPU build. [optimum] is `--systems
+# infinity-optimum` (ONNX Runtime); pip resolves optimum 2.x, as optimum 1.x does not import on
+# torch 2.13 (bench/infinity.py says what that version pair needs at start).
+INFINITY_VENV ?= .venv-infinity
+INFINITY_STAMP := $(INFINITY_VENV)/.installed
+
+$(INFINITY_STAMP):
+	rm -rf $(INFINITY_VENV)
+	$(PYTHON) -m venv $(INFINITY_VENV)
+	$(INFINITY_VENV)/bin/pip install -q --upgrade pip
+	$(INFINITY_VENV)/bin/pip install -q torch==2.13.0 'infinity-emb[server,torch,optimum]==0.0.78'
+	touch $(INFINITY_STAMP)
+
+bench-infinity: $(INFINITY_STAMP)
+
+bench: install bench-infinity
 	$(PIP) install -q -e '.[api,worker,dev,bench]'
-	$(VENV)/bin/inferq bench
+	BENCH_INFINITY_VENV=$(INFINITY_VENV) $(VENV)/bin/inferq bench $(BENCH_ARGS)
 
 # What CI checks besides the tests (.ci/run calls it): lint, formatting, types of the package.
 lint: install

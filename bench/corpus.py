@@ -5,7 +5,9 @@
 words, so the longest ones reach the model's 256-token limit.
 
 Regenerate with `python -m inferq.bench.corpus` (the files must come out byte-identical).
-`images` is not a file: `bench/images.py` builds it in memory at bench time.
+`images` is not a file: `bench/images.py` builds it in memory at bench time. Nor is `echo`:
+it sends the `short` texts to the `echo` model at zero delay, so what is measured is the path
+(HTTP, Redis, worker), not a model.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 CORPORA = ("short", "mixed")  # the shipped text corpora
 IMAGE_CORPORA = ("images",)
+ECHO_CORPORA = ("echo",)
 # Which model each corpus is measured with: a run starts each system once per model.
-MODELS = {"short": "minilm", "mixed": "minilm", "images": "efficientnet-lite0"}
+MODELS = {"short": "minilm", "mixed": "minilm", "images": "efficientnet-lite0", "echo": "echo"}
 SEED = 20240606
 SIZES = {"short": 1000, "mixed": 600}
 

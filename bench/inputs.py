@@ -4,6 +4,7 @@ Text corpora: `{"input": text}` JSON bodies, cost = tokens as minilm counts them
 one multipart upload per image (a `files` part and the `model` form field, what inferq's
 POST /v1/infer and the image seed app both take), cost = the pixels efficientnet-lite0 sees
 (every image is resized and cropped to 224 × 224, so all cost the same and nothing pads).
+`echo`: the `short` texts, cost = words (what the echo model counts).
 """
 
 from __future__ import annotations
@@ -53,5 +54,9 @@ def load(name: str) -> Inputs:
 
         bodies = image_bodies(model)
         return Inputs(model, bodies, [PIXELS] * len(bodies))
+    if name in corpus.ECHO_CORPORA:
+        texts = corpus.load("short")
+        costs = [max(1, len(t.split())) for t in texts]
+        return Inputs(model, [Body(orjson.dumps({"input": t})) for t in texts], costs)
     texts = corpus.load(name)
     return Inputs(model, [Body(orjson.dumps({"input": t})) for t in texts], token_counts(texts))

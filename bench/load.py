@@ -25,11 +25,15 @@ _BATCH_SIZE = re.compile(rb'"batch_size":(\d+)')
 _ID = re.compile(rb'"id":"([^"]+)"')
 MAX_REQUESTS = 200_000
 MAX_IN_FLIGHT = 4096
+# The route each request kind posts one item to; the rest (inferq, seed, floors) take
+# inferq's POST /v1/infer.
+PATHS = {"litserve": "/predict", "infinity": "/embeddings"}
 
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Where requests go. kind: infer (inferq sync), jobs (submit + long-poll), seed, litserve."""
+    """Where requests go. kind: infer (inferq sync), jobs (submit + long-poll), seed, litserve,
+    infinity, floor-fastapi, floor-redis (PATHS: the route each kind posts to)."""
 
     bases: tuple[str, ...]
     kind: str
@@ -60,7 +64,7 @@ async def _one(conn: Connection, kind: str, body: Body) -> int | None:
             raise RuntimeError(f"submit answered {status}")
         status, content = await conn.request("GET", f"/v1/jobs/{m.group(1).decode()}?wait=30")
     else:
-        path = "/predict" if kind == "litserve" else "/v1/infer"
+        path = PATHS.get(kind, "/v1/infer")
         status, content = await conn.request("POST", path, body.data, body.content_type)
     if status != 200 or (kind in ("jobs", "infer") and b'"succeeded"' not in content):
         raise RuntimeError(f"answered {status}")

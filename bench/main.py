@@ -1,4 +1,5 @@
-"""`inferq bench`: inferq beside the model alone, the seed pattern and LitServe, one run.
+"""`inferq bench`: inferq beside the model alone, the seed pattern, LitServe and Infinity, and
+inferq's echo path beside the floors (`--corpus echo`), one run.
 
 See bench/ for the parts and docs/benchmarks.md for what each number means.
 """
@@ -23,14 +24,17 @@ if TYPE_CHECKING:
 IN_CHECKOUT = Path("bench/main.py").is_file() and Path("docs/benchmarks.md").is_file()
 DEFAULT_OUT = "bench/results" if IN_CHECKOUT else "inferq-bench-results"
 DEFAULT_DOCS = "docs" if IN_CHECKOUT else ""
-ALL_SYSTEMS = "ceiling,seed,inferq,jobs,litserve,frontend"
+# infinity-optimum is not in the default run: it is the peer of `--backend onnx`.
+ALL_SYSTEMS = "ceiling,seed,inferq,jobs,litserve,infinity,frontend,floor-fastapi,floor-redis"
+# What `--systems` takes: the served systems (runner.SERVED) and these three.
+PSEUDO_SYSTEMS = ("ceiling", "jobs", "frontend")
 
 
 @dataclass(frozen=True)
 class BenchOptions:
     """What `inferq bench` measures (its command-line options, see `inferq bench --help`)."""
 
-    corpus: str = "short,mixed"  # comma-separated: short, mixed, images
+    corpus: str = "short,mixed"  # comma-separated: short, mixed, images, echo
     concurrency: str = "1,8,32,128"  # closed-loop client counts
     duration: float = 6.0  # measured seconds per point
     warmup: float = 1.0  # unmeasured seconds before each point
@@ -80,7 +84,7 @@ def _onnx_ok(backend: str) -> str | None:
 def plan_from(args: BenchOptions) -> Plan:
     """The measurement plan the options describe; ValueError naming what is off."""
     from inferq.bench import corpus
-    from inferq.bench.runner import Plan
+    from inferq.bench.runner import SERVED, Plan
 
     if bad := [kv for kv in args.env if "=" not in kv]:
         raise ValueError(f"--env wants KEY=VALUE, got {bad}")
@@ -89,6 +93,9 @@ def plan_from(args: BenchOptions) -> Plan:
         corpus.model_for(c)  # raises for an unknown name
     if not corpora:
         raise ValueError("--corpus names no corpus")
+    known = (*PSEUDO_SYSTEMS, *SERVED)
+    if bad := [s for s in args.systems.split(",") if s and s not in known]:
+        raise ValueError(f"unknown system(s) {bad}: want some of {', '.join(known)}")
     conc = "1,8,32" if args.quick and args.concurrency == "1,8,32,128" else args.concurrency
     return Plan(
         corpora=corpora,
@@ -100,6 +107,21 @@ def plan_from(args: BenchOptions) -> Plan:
         systems=tuple(s for s in args.systems.split(",") if s),
         env=tuple(tuple(kv.split("=", 1)) for kv in args.env),  # type: ignore[misc]
     )
+
+
+def idle_notes(args: BenchOptions, plan: Plan) -> list[str]:
+    """Why a system named in --systems will not run (none of its corpora asked for); nothing
+    for the default set, whose floors only run with --corpus echo."""
+    if args.systems == ALL_SYSTEMS:
+        return []
+    from inferq.bench.corpus import MODELS
+    from inferq.bench.systems import SERVES
+
+    notes = []
+    for name in plan.idle():
+        wants = ",".join(c for c, m in MODELS.items() if m in SERVES[name])
+        notes.append(f"{name} is not run: it measures --corpus {wants} only")
+    return notes
 
 
 def _images_ok(corpora: tuple[str, ...]) -> str | None:
@@ -126,6 +148,8 @@ def main(args: BenchOptions, argv: list[str]) -> int:
     if (msg := _onnx_ok(args.backend)) is not None:
         print(msg, file=sys.stderr)
         return 0
+    for note in idle_notes(args, plan):
+        print(f"inferq bench: {note}", file=sys.stderr)
     from tqdm import tqdm
 
     from inferq.bench import stats

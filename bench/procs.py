@@ -35,14 +35,21 @@ def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, interval_s: f
 class Proc:
     """One child process whose stdout+stderr go to `log_path`."""
 
-    def __init__(self, name: str, argv: list[str], env: Mapping[str, str], log_path: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        env: Mapping[str, str],
+        log_path: Path,
+        cwd: Path | None = None,
+    ) -> None:
         self.name, self.log_path = name, log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         # Its own process group: servers that fork or spawn workers (LitServe) are stopped
         # whole, not left running to skew the next measurement.
         self.popen = subprocess.Popen(
             argv, env=dict(env), stdout=self._log, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, cwd=cwd,
         )  # fmt: skip
 
     @property

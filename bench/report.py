@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from inferq.bench.corpus import IMAGE_CORPORA
+from inferq.bench.corpus import ECHO_CORPORA, IMAGE_CORPORA
+from inferq.bench.infinity import MIN_COSINE
 
 Row = dict[str, Any]
 COLUMNS = (
@@ -21,6 +22,7 @@ COLUMNS = (
     ("pad eff", "padding_eff", "{:.2f}"),
 )
 MAX_WAIT_MS = 0.0  # inferq's INFERQ_MAX_WAIT_MS default, for the p99 bound
+FLOOR = "floor-redis"  # the echo path's cost is shown against this floor's p50
 
 
 def fmt(value: Any, spec: str) -> str:
@@ -70,6 +72,11 @@ def _text_targets(rows: Sequence[Row], c: str, clients: int, check: Check) -> No
           _ratio(iq, ceil) >= 0.8, "{:.2f}")  # fmt: skip
     check(f"{c}: inferq ÷ LitServe at {clients} clients (> 1)", _ratio(iq, lit),
           _ratio(iq, lit) > 1, "{:.2f}")  # fmt: skip
+    for peer in ("infinity", "infinity-optimum"):
+        if find(rows, system=peer, corpus=c):
+            other = _get(rows, "items_per_s", system=peer, corpus=c, mode="closed", load=clients)
+            check(f"{c}: inferq ÷ {peer} at {clients} clients (report)", _ratio(iq, other), None,
+                  "{:.2f}")  # fmt: skip
     need = 3.0 if c == "short" else None
     check(f"{c}: inferq ÷ seed at {clients} clients" + (" (> 3)" if need else " (report)"),
           _ratio(iq, seed), None if need is None else _ratio(iq, seed) > need, "{:.2f}")  # fmt: skip
@@ -103,6 +110,43 @@ def _image_targets(rows: Sequence[Row], c: str, clients: int, check: Check) -> N
         check(f"{c}: {who} peak MiB (report)", mem, None, "{:.0f}")
 
 
+def floor_ratios(rows: Sequence[Row], c: str, floor: str = FLOOR) -> list[Row]:
+    """Each closed-loop point on corpus `c` beside `floor`'s at the same load: p50 ÷ the
+    floor's p50 and items/s ÷ the floor's (nan where the floor has no point)."""
+    closed = [r for r in rows if r.get("corpus") == c and r.get("mode") == "closed"]
+    floors = {r["load"]: r for r in closed if r["system"] == floor}
+    out = []
+    for r in closed:
+        if r["system"] == floor:
+            continue
+        f = floors.get(r["load"], {})
+        fp50, fips = f.get("p50_ms", math.nan), f.get("items_per_s", math.nan)
+        out.append({"system": r["system"], "load": r["load"], "p50_ms": r.get("p50_ms"),
+                    "floor_p50_ms": fp50, "p50_ratio": _ratio(r.get("p50_ms", math.nan), fp50),
+                    "items_ratio": _ratio(r.get("items_per_s", math.nan), fips)})  # fmt: skip
+    return out
+
+
+def floor_table(ratios: Sequence[Row], floor: str = FLOOR) -> str:
+    head = ["system", "load", "p50 ms", f"{floor} p50 ms", "p50 ÷ floor", "items/s ÷ floor"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in ratios:
+        cells = [str(r["system"]), str(r["load"]), fmt(r["p50_ms"], "{:.2f}"),
+                 fmt(r["floor_p50_ms"], "{:.2f}"), fmt(r["p50_ratio"], "{:.1f}×"),
+                 fmt(r["items_ratio"], "{:.2f}")]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _echo_targets(rows: Sequence[Row], c: str, clients: int, check: Check) -> None:
+    """The echo path's cost: inferq's p50 (sync and jobs) ÷ floor-redis's, reported."""
+    for r in floor_ratios(rows, c):
+        if r["system"] in ("inferq", "inferq-jobs") and r["load"] in (1, clients):
+            n = r["load"]
+            what = f"{c}: {r['system']} p50 ÷ {FLOOR} p50 at {n} client{'s' * (n != 1)} (report)"
+            check(what, r["p50_ratio"], None, "{:.1f}×")
+
+
 def targets(
     rows: Sequence[Row], corpora: Sequence[str], clients: int = 32
 ) -> list[tuple[str, str, str]]:
@@ -116,8 +160,15 @@ def targets(
     for c in corpora:
         if c in IMAGE_CORPORA:
             _image_targets(rows, c, clients, check)
+        elif c in ECHO_CORPORA:
+            _echo_targets(rows, c, clients, check)
         else:
             _text_targets(rows, c, clients, check)
+    for peer in ("infinity", "infinity-optimum"):
+        cos = _get(rows, "min_cosine", system=peer)
+        if not math.isnan(cos):
+            check(f"{peer}: min cosine against inferq's vectors (≥ {MIN_COSINE})", cos,
+                  cos >= MIN_COSINE, "{:.5f}")  # fmt: skip
     if all(c in IMAGE_CORPORA for c in corpora) and corpora:
         return out  # an image run has no front-end points
     one = _get(rows, "items_per_s", mode="frontend", load="1 api")
@@ -131,6 +182,8 @@ def markdown(rows: Sequence[Row], corpora: Sequence[str], title: str, machine: s
     parts = [f"### {title}", "", machine, ""]
     for c in corpora:
         parts += [f"#### corpus `{c}`", "", table([r for r in rows if r.get("corpus") == c]), ""]
+        if c in ECHO_CORPORA and (ratios := floor_ratios(rows, c)):
+            parts += [f"#### `{c}`: the path's cost against {FLOOR}", "", floor_table(ratios), ""]
     fe = [r for r in rows if r.get("mode") == "frontend"]
     if fe:
         parts += ["#### front end (echo model, zero delay)", "", table(fe), ""]

@@ -4,7 +4,9 @@ Every row is a dict with `system`, `corpus`, `mode` (closed | open | ceiling-1 |
 ceiling-batch | frontend) and `load` (clients, or a fraction of inferq's capacity), plus
 the numbers. One call of `run_once` measures everything once; repeats are medians of rows.
 Corpora are grouped by the model they are measured with (`corpus.MODELS`): each server is
-started once per model and measured on that model's corpora.
+started once per model and measured on that model's corpora (`systems.SERVES` says which
+server serves which model). The `echo` corpus has no ceiling and no open loop: it measures
+inferq's path (infer and jobs) beside the floors, closed loop only.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from inferq.bench.procs import BenchError, bench_env, reset_tree_peak, tree_peak
 Row = dict[str, Any]
 OPEN_FRACTIONS = (0.5, 0.9)
 FRONTEND_CLIENTS = 64
-SERVED = ("seed", "inferq", "litserve")  # started in this order, once per model
+# Started in this order, once per model they serve.
+SERVED = ("seed", "inferq", "litserve", "infinity", "infinity-optimum", *systems.FLOORS)
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class Plan:
     warmup_s: float
     device: str
     backend: str
-    systems: tuple[str, ...]  # ceiling, seed, inferq, jobs, litserve, frontend
+    systems: tuple[str, ...]  # ceiling, jobs, frontend and the names in SERVED
     env: tuple[tuple[str, str], ...] = ()  # extra env for every server (e.g. OMP_NUM_THREADS)
 
     def models(self) -> dict[str, list[str]]:
@@ -48,22 +51,36 @@ class Plan:
         return out
 
     def served(self, model: str) -> list[str]:
-        """The servers measured on `model`'s corpora (LitServe serves text only)."""
+        """The servers measured on `model`'s corpora (`systems.SERVES`)."""
+        return [n for n in SERVED if n in self.systems and model in systems.SERVES[n]]
+
+    def unserved(self, model: str) -> list[str]:
+        """Requested servers that serve another model of this plan but not `model`
+        (LitServe on images): each is skipped for `model` with a note."""
+        others = set(self.models()) - {model}
         return [
-            name
-            for name in SERVED
-            if name in self.systems and (name != "litserve" or model in systems.LITSERVE_MODELS)
-        ]
+            n
+            for n in SERVED
+            if n in self.systems and model not in systems.SERVES[n]
+            and others & set(systems.SERVES[n])
+        ]  # fmt: skip
+
+    def idle(self) -> list[str]:
+        """Requested servers that serve none of this plan's models (a floor without
+        `--corpus echo`)."""
+        models = set(self.models())
+        return [n for n in SERVED if n in self.systems and not models & set(systems.SERVES[n])]
 
     def points(self) -> int:
         """Measured points in one run (for the progress bar)."""
         total = 0
         for model, corpora in self.models().items():
             served = self.served(model)
-            per_corpus = 1 if "ceiling" in self.systems else 0
+            echo = model == "echo"
+            per_corpus = 1 if "ceiling" in self.systems and not echo else 0
             kinds = len(served) + ("inferq" in served and "jobs" in self.systems)
             per_corpus += len(self.concurrency) * kinds
-            per_corpus += len(OPEN_FRACTIONS) if "inferq" in served else 0
+            per_corpus += len(OPEN_FRACTIONS) if "inferq" in served and not echo else 0
             total += per_corpus * len(corpora)
         return total + (2 if "frontend" in self.systems else 0)
 
@@ -142,8 +159,10 @@ class Runner:
                     def go(t: load.Target = target, n: int = n, c: str = c) -> load.LoadResult:
                         return self._closed(t, c, n)
 
-                    self._measure(run, label, c, "closed", n, go)
-            if name == "inferq":
+                    row = self._measure(run, label, c, "closed", n, go)
+                    if run.agreement is not None:
+                        row["min_cosine"] = run.agreement
+            if name == "inferq" and c not in corpus.ECHO_CORPORA:
                 self._open(run, c)
             peak = tree_peak_rss_mb(run.mem_pid)
             for row in self.rows[start:]:
@@ -188,6 +207,10 @@ class Runner:
 
 def _start(name: str, plan: Plan, log_dir: Path, model: str) -> systems.Running:
     env = dict(plan.env)
+    if name in systems.FLOORS:
+        return systems.floor(log_dir, name, env)
+    if name.startswith("infinity"):
+        return systems.infinity(log_dir, name, plan.device, env)
     if name == "seed":
         return systems.seed(log_dir, plan.device, plan.backend, env, model)
     if name == "litserve":
@@ -203,10 +226,12 @@ def run_once(
     r = Runner(plan, log_dir, tick)
     if "ceiling" in plan.systems:
         for c in plan.corpora:
-            r.ceiling(c)
+            if c not in corpus.ECHO_CORPORA:  # echo measures the path: there is no model
+                r.ceiling(c)
     for model, corpora in plan.models().items():
-        if "litserve" in plan.systems and "litserve" not in plan.served(model):
-            warn(f"skipping litserve for {', '.join(corpora)}: its app serves text only")
+        for name in plan.unserved(model):
+            only = ", ".join(systems.SERVES[name])
+            warn(f"skipping {name} for {', '.join(corpora)}: it serves {only} only")
         for name in plan.served(model):
             try:
                 run = _start(name, plan, log_dir, model)
@@ -217,7 +242,7 @@ def run_once(
                 [("inferq", "infer")]
                 + ([("inferq-jobs", "jobs")] if "jobs" in plan.systems else [])
                 if name == "inferq"
-                else [(name, name)]
+                else [(name, run.target.kind)]
             )
             try:
                 r.served(name, run, kinds, corpora)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import redis
 
+from inferq.bench import infinity as inf
 from inferq.bench.load import Target
 from inferq.bench.procs import BenchError, Proc, bench_env, python, wait_for, wait_http
 from inferq.redis_server import RedisServer, free_port
@@ -23,6 +24,19 @@ SEED_APPS = {
     "efficientnet-lite0": "inferq.bench.seed_images_app:app",
 }
 LITSERVE_MODELS = ("minilm",)
+# The models each served system is measured on (a run starts it once per model). The floors
+# serve the echo corpus only: they are the bottom of inferq's path, not embedders.
+SERVES: dict[str, tuple[str, ...]] = {
+    "seed": ("minilm", "efficientnet-lite0"),
+    "inferq": ("minilm", "efficientnet-lite0", "echo"),
+    "litserve": LITSERVE_MODELS,
+    "infinity": ("minilm",),
+    "infinity-optimum": ("minilm",),
+    "floor-fastapi": ("echo",),
+    "floor-redis": ("echo",),
+}
+FLOORS = ("floor-fastapi", "floor-redis")
+INFINITY_START_S = 300.0  # its warm-up runs full batches of 1 and 256 tokens before /health
 
 
 @dataclass
@@ -35,6 +49,7 @@ class Running:
     procs: list[Proc] = field(default_factory=list)
     worker: Proc | None = None
     redis_server: RedisServer | None = None
+    agreement: float | None = None  # Infinity: min cosine against inferq's vectors
 
     def close(self) -> None:
         for p in reversed(self.procs):
@@ -139,4 +154,57 @@ def inferq(
         run.close()
         raise
     run.target = Target(tuple(bases), "infer")
+    return run
+
+
+def floor(log_dir: Path, name: str, extra: dict[str, str]) -> Running:
+    """floor-fastapi | floor-redis (bench/floor_app.py). floor-redis gets its own Redis, run
+    as inferq's is (AOF on), so the round trip costs what one of inferq's would."""
+    if name not in FLOORS:
+        raise BenchError(f"unknown floor {name!r}: have {FLOORS}")
+    kind = name.removeprefix("floor-")
+    port = free_port()
+    argv = ["-m", "inferq.bench.floor_app", kind, str(port)]
+    server = None
+    if kind == "redis":
+        server = RedisServer(log_dir / "redis-floor", appendonly=True)
+        server.start()
+        argv.append(server.url)
+    base = f"http://127.0.0.1:{port}"
+    run = Running(name, Target((base,), name), 0, redis_server=server)
+    try:
+        proc = python(name, argv, bench_env(**extra), log_dir)
+        run.procs.append(proc)
+        run.mem_pid = proc.pid
+        wait_http(proc, f"{base}/healthz")
+    except Exception:
+        run.close()
+        raise
+    return run
+
+
+def infinity(log_dir: Path, name: str, device: str, extra: dict[str, str]) -> Running:
+    """`infinity` (torch engine) or `infinity-optimum` from its own venv, on the minilm
+    directory inferq loads; checked to embed as inferq does before it is measured. BenchError
+    (the system is skipped) when its venv is missing."""
+    venv = inf.venv()
+    if (why := inf.missing(venv)) is not None:
+        raise BenchError(why)
+    engine = inf.ENGINES[name]
+    model_id, cwd = str(inf.model_dir()), None
+    if engine == "optimum":
+        # Run inside the exported directory as `.`: see bench/infinity.py for why.
+        cwd = inf.ensure_onnx(venv, inf.model_dir(), log_dir / f"{name}-export.log")
+        model_id = "."
+    port = free_port()
+    proc = Proc(name, inf.argv(venv, engine, model_id, port, device), inf.env(extra),
+                log_dir / f"{name}.log", cwd=cwd)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    run = Running(name, Target((base,), "infinity"), proc.pid, [proc])
+    try:
+        wait_http(proc, f"{base}/health", timeout_s=INFINITY_START_S)
+        run.agreement = inf.agreement(base, device, extra)
+    except Exception:
+        run.close()
+        raise
     return run

@@ -124,7 +124,7 @@ def test_cli_accepts_corpus_images(monkeypatch: pytest.MonkeyPatch) -> None:
     assert plan.corpora == ("images",) and plan.concurrency == (1, 8, 32)
     assert plan.models() == {"efficientnet-lite0": ["images"]}
     assert plan.served("efficientnet-lite0") == ["seed", "inferq"]  # no LitServe for images
-    assert plan.served("minilm") == ["seed", "inferq", "litserve"]
+    assert plan.served("minilm") == ["seed", "inferq", "litserve", "infinity"]
     # ceiling 1 + (seed, inferq, inferq-jobs) × 3 loads + 2 open-loop + 2 front-end points
     assert plan.points() == 1 + 3 * 3 + 2 + 2
     both = bench_main.plan_from(bench_main.BenchOptions(corpus="short,images,mixed"))
