@@ -11,12 +11,14 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from inferq.api import embeddings, errors, health, jobs, observability, status
+from inferq.api import batches, embeddings, errors, files, health, jobs, observability, status
 from inferq.api.auth import authenticate, load_api_keys
-from inferq.api.limits import BodyLimit
+from inferq.api.batch_runner import BatchRunner
 from inferq.api.notifier import Notifier
 from inferq.api.schemas import InferRequest, SubmitRequest
 from inferq.api.service import JobService
+from inferq.api.webhook_dispatch import Dispatcher
+from inferq.api.webhooks import check_settings as check_webhook_settings
 from inferq.shared.metrics import api_metrics
 from inferq.shared.queue import JobQueue
 from inferq.shared.redis_conn import api_client, pubsub_client
@@ -49,24 +51,43 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         url = settings.redis_url.get_secret_value()
+        # Set: both clients find (and follow) the master through the sentinels.
+        sentinel = {
+            "sentinels": settings.redis_sentinels,
+            "sentinel_master": settings.redis_sentinel_master,
+        }
         redis = api_client(
-            url, timeout_s=settings.redis_timeout_s, pool_size=settings.redis_pool_size
+            url, timeout_s=settings.redis_timeout_s, pool_size=settings.redis_pool_size, **sentinel
         )
-        notifier = Notifier(pubsub_client(url, connect_timeout_s=settings.redis_timeout_s))
+        notifier = Notifier(
+            pubsub_client(url, connect_timeout_s=settings.redis_timeout_s, **sentinel)
+        )
         await notifier.start()
         queue = JobQueue(redis, result_ttl_s=settings.result_ttl_s)
         app.state.jobs = JobService(settings, queue, WorkerRegistry(redis), notifier, metrics)
+        # Webhook deliveries (when a signing key is set); its blocking reads get their own
+        # connection without a socket timeout, like the notifier's.
+        webhooks = Dispatcher.launch(
+            settings, queue, metrics,
+            lambda: pubsub_client(url, connect_timeout_s=settings.redis_timeout_s, **sentinel),
+        )  # fmt: skip
+        # Batch API: the file and batch stores, and this process's share of running batches.
+        batch_runner = await BatchRunner.launch(app.state, redis, metrics)
         log.info("api ready: models=%s", ",".join(sorted(settings.served_models)))
         if not app.state.api_keys:
             log.warning("INFERQ_API_KEYS is not set: the API is open to anyone who can reach it")
         try:
             yield
         finally:
+            await batch_runner.stop()  # hands its leases back: another process resumes at once
             notifier.wake_all()  # open long-polls answer with the current state
             await notifier.close()
+            if webhooks is not None:
+                await webhooks.stop()
             await redis.aclose()
 
     api_keys = load_api_keys(settings)
+    check_webhook_settings(settings)  # a malformed secret list or allow-list stops the start
     # The schema and docs are endpoints too: with keys set they are not served openly.
     docs = {} if not api_keys else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(
@@ -88,7 +109,14 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(health.router)
     app.include_router(health.authed, dependencies=authed)
     app.include_router(embeddings.router)
+    app.include_router(files.router, dependencies=authed)
+    app.include_router(batches.router, dependencies=authed)
     app.include_router(observability.router, dependencies=authed)
     app.include_router(status.router)
-    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)
+    # INFERQ_MAX_BODY_BYTES, but INFERQ_MAX_BATCH_FILE_BYTES for file uploads.
+    app.add_middleware(
+        files.UploadLimit,
+        max_body_bytes=settings.max_body_bytes,
+        max_file_bytes=settings.max_batch_file_bytes,
+    )
     return app

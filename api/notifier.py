@@ -4,7 +4,9 @@ Pub/sub is at-most-once: a message published while we reconnect is gone. So a wa
 registers first, then reads the job record, re-reads on a timer, and every waiter is
 woken to re-read after each (re)subscribe. A missed message can delay, never lose, a result.
 
-The last `RECENT` completions are remembered, so a watch registered just after its job's
+A completion message usually carries the final record (see the FINISH script): the
+waiter's future resolves with it, so the answer needs no read back. The last `RECENT`
+completions are remembered, so a watch registered just after its job's
 message arrived resolves at once: a caller that has just submitted a job can skip the
 first read (the job is queued, or done and remembered) without risking a re-read delay.
 """
@@ -28,7 +30,7 @@ RECENT = 4096  # completions remembered (every API process hears every model's c
 class Notifier:
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
-        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._waiters: dict[str, set[asyncio.Future[bytes | None]]] = {}
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
@@ -44,31 +46,32 @@ class Notifier:
         self.wake_all()
         await self._redis.aclose()
 
-    def watch(self, job_id: str) -> asyncio.Future[None]:
-        """A future resolved when `job_id` may have changed; register before reading the job."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    def watch(self, job_id: str) -> asyncio.Future[bytes | None]:
+        """A future resolved when `job_id` may have changed, with the completion message's
+        payload when there is one (`decode_published`); register before reading the job."""
+        fut: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
         if job_id in self._recent:
             fut.set_result(None)
         self._waiters.setdefault(job_id, set()).add(fut)
         return fut
 
-    def unwatch(self, job_id: str, fut: asyncio.Future[None]) -> None:
+    def unwatch(self, job_id: str, fut: asyncio.Future[bytes | None]) -> None:
         waiters = self._waiters.get(job_id)
         if waiters is not None:
             waiters.discard(fut)
             if not waiters:
                 del self._waiters[job_id]
 
-    def _done(self, job_id: str) -> None:
-        self._recent[job_id] = None
+    def _done(self, job_id: str, payload: bytes | None = None) -> None:
+        self._recent[job_id] = None  # ids only: payloads can be large
         if len(self._recent) > RECENT:
             self._recent.popitem(last=False)
-        self._wake(job_id)
+        self._wake(job_id, payload)
 
-    def _wake(self, job_id: str) -> None:
+    def _wake(self, job_id: str, payload: bytes | None = None) -> None:
         for fut in self._waiters.pop(job_id, ()):
             if not fut.done():
-                fut.set_result(None)
+                fut.set_result(payload)
 
     def wake_all(self) -> None:
         for job_id in list(self._waiters):
@@ -92,7 +95,9 @@ class Notifier:
                         channel = msg["channel"]
                         if isinstance(channel, bytes):
                             channel = channel.decode()
-                        self._done(keys.job_id_from_channel(channel))
+                        data = msg.get("data")
+                        payload = data if isinstance(data, bytes) and data != b"final" else None
+                        self._done(keys.job_id_from_channel(channel), payload)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # any drop: resubscribe with backoff, waiters re-read

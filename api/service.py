@@ -25,12 +25,14 @@ from inferq.api.cache import ResultCache
 from inferq.api.errors import request_error
 from inferq.api.inputs import InputItem, wire_images, wire_inputs
 from inferq.api.notifier import Notifier
+from inferq.api.webhooks import submit_target
 from inferq.shared.errors import (
     InputInvalid,
     JobConflict,
     JobNotFound,
     ModelNotServed,
     Overloaded,
+    QueueUnavailable,
     RequestError,
 )
 from inferq.shared.jobs import (
@@ -39,6 +41,7 @@ from inferq.shared.jobs import (
     JobError,
     Status,
     decode_outputs,
+    decode_published,
     encode_final,
     encode_submit,
     new_job_id,
@@ -153,6 +156,8 @@ class JobService:
         else:
             inputs, kinds = wire_inputs(sub.items, self.settings)
         await self.check_model(name, sub, kinds)
+        # 422 without a signing key or for a URL the SSRF guard refuses (resolved off-loop).
+        webhook = await submit_target(self.settings, sub.tenant, sub.webhook)
         timeout_s = sub.timeout_s or self.settings.job_timeout_s
         created = now_ms()
         job = Job(
@@ -160,6 +165,7 @@ class JobService:
             priority=sub.priority, created_ms=created,
             deadline_ms=created + int(timeout_s * 1000), parameters=sub.parameters,
         )  # fmt: skip
+        job.webhook = webhook
         key_hash = None
         if sub.idempotency_key is not None:
             key_hash = hashlib.sha256(sub.idempotency_key.encode()).hexdigest()
@@ -175,10 +181,22 @@ class JobService:
         limit = self.settings.max_queue
         if rate > 0:
             limit = min(limit, max(len(inputs), int(rate * timeout_s)))
+        wait = self.settings.redis_wait_replicas
+        # WAIT within three quarters of the socket timeout, so its reply always comes back.
+        wait_ms = int(self.settings.redis_timeout_s * 750)
         done = await self.queue.submit(
             job, max_queue=limit, max_bytes=self.settings.max_queue_bytes,
             idempotency_key=key_hash, idempotency_ttl_s=self.settings.idempotency_ttl_s,
+            wait=(wait, wait_ms),
         )  # fmt: skip
+        if done.replicas is not None and done.replicas < wait:
+            # The job is on the master (and runs), but a failover now could lose it: refuse the
+            # acknowledgement. A retry with the same Idempotency-Key finds it, and is answered
+            # once the replicas have it.
+            raise QueueUnavailable(
+                f"job {done.job_id} reached {done.replicas} of {wait} replicas within "
+                f"{wait_ms} ms (INFERQ_REDIS_WAIT_REPLICAS)"
+            )
         if done.outcome == "duplicate":
             return await self.get(done.job_id, sub.tenant), False
         if done.outcome == "full_bytes":
@@ -301,6 +319,14 @@ class JobService:
         self.shutting_down = True
         self.notifier.wake_all()
 
+    @staticmethod
+    def _published(payload: bytes | None, job_id: str, tenant: str) -> Job | None:
+        """The final job a completion message carried, if it is this caller's."""
+        job = decode_published(payload) if payload else None
+        if job is None or job.id != job_id or job.tenant != tenant or not job.status.is_final:
+            return None  # read it back instead (get() applies the tenant check)
+        return job
+
     async def wait(
         self, job_id: str, wait_s: float, tenant: str = "", submitted: Job | None = None
     ) -> Job:
@@ -310,11 +336,14 @@ class JobService:
         can be skipped: the notifier remembers a completion that beat this watch."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
+        published: Job | None = None  # what the last completion message carried
         while True:
             fut = self.notifier.watch(job_id)  # watch first, then read: no gap to miss
             try:
                 first, submitted = submitted, None  # only ever stands in for the first read
-                if first is not None and not fut.done():
+                if published is not None:
+                    job = published
+                elif first is not None and not fut.done():
                     job = first
                 else:
                     job = await self.get(job_id, tenant)
@@ -322,6 +351,9 @@ class JobService:
                 if job.status.is_final or remaining <= 0 or self.shutting_down:
                     return job
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(fut, min(remaining, self.settings.long_poll_recheck_s))
+                    payload = await asyncio.wait_for(
+                        fut, min(remaining, self.settings.long_poll_recheck_s)
+                    )
+                    published = self._published(payload, job_id, tenant)
             finally:
                 self.notifier.unwatch(job_id, fut)

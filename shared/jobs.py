@@ -32,6 +32,7 @@ __all__ = [
     "JobError",
     "Status",
     "decode_job",
+    "decode_published",
     "encode_final",
     "encode_submit",
     "input_bytes",
@@ -246,3 +247,18 @@ def decode_job(raw: dict[bytes, bytes]) -> Job:
         raise
     except (KeyError, TypeError, ValueError, UnicodeDecodeError, msgpack.UnpackException) as e:
         raise CodecError(f"undecodable job record: {e!r}") from e
+
+
+def decode_published(payload: bytes) -> Job | None:
+    """The job a completion message carries (its record without inputs), or None when the
+    message is the bare 'final' (the record was too large to send) or undecodable."""
+    try:
+        flat = msgpack.unpackb(payload, raw=True)
+    except (ValueError, msgpack.UnpackException):
+        return None
+    if not isinstance(flat, list) or len(flat) % 2:
+        return None
+    try:
+        return decode_job(dict(zip(flat[::2], flat[1::2], strict=True)))
+    except CodecError:
+        return None

@@ -9,6 +9,10 @@ build fresh ones:
 | `inferq_jobs_rejected_total`         | counter   | model, reason  | api    |
 | `inferq_queue_depth`                 | gauge     | model          | api    |
 | `inferq_requests_waiting`            | gauge     | –              | api    |
+| `inferq_webhook_deliveries_total`    | counter   | outcome        | api    |
+| `inferq_webhook_attempt_seconds`     | histogram | –              | api    |
+| `inferq_batches_finished_total`      | counter   | status         | api    |
+| `inferq_batch_lines_total`           | counter   | result         | api    |
 | `inferq_jobs_finished_total`         | counter   | model, status  | worker |
 | `inferq_job_queue_seconds`           | histogram | model          | worker |
 | `inferq_job_latency_seconds`         | histogram | model          | worker |
@@ -90,6 +94,10 @@ class ApiMetrics:
     queue_depth: Gauge
     requests_waiting: Gauge
     cache_lookups: Counter
+    webhook_deliveries: Counter
+    webhook_attempt_seconds: Histogram
+    batches_finished: Counter
+    batch_lines: Counter
 
 
 @dataclass(frozen=True)
@@ -146,6 +154,33 @@ def api_metrics(registry: CollectorRegistry | None = None) -> ApiMetrics:
             f"{PREFIX}_cache_lookups",
             "Result-cache lookups by result (hit: answered without queueing; miss: queued).",
             ["model", "result"],
+            registry=reg,
+        ),
+        webhook_deliveries=Counter(
+            f"{PREFIX}_webhook_deliveries",
+            "Webhook attempts by outcome: delivered (2xx), retried (scheduled again), dead "
+            "(given up: refused, or past INFERQ_WEBHOOK_MAX_AGE_S).",
+            ["outcome"],
+            registry=reg,
+        ),
+        webhook_attempt_seconds=Histogram(
+            f"{PREFIX}_webhook_attempt_seconds",
+            "One webhook attempt: name resolution and POST, until the receiver's status line.",
+            buckets=SECONDS_BUCKETS,
+            registry=reg,
+        ),
+        batches_finished=Counter(
+            f"{PREFIX}_batches_finished",
+            "Batch API batches (POST /v1/batches) that ended, by final status: completed, "
+            "failed, expired, cancelled.",
+            ["status"],
+            registry=reg,
+        ),
+        batch_lines=Counter(
+            f"{PREFIX}_batch_lines",
+            "Batch API request lines recorded, by result: succeeded (output file) or failed "
+            "(error file: refused, failed, malformed, or not run).",
+            ["result"],
             registry=reg,
         ),
     )

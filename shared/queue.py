@@ -17,6 +17,7 @@ from redis.exceptions import ResponseError
 from inferq.shared import keys, scripts
 from inferq.shared.jobs import Job, decode_job, encode_submit, input_bytes, now_ms, pack_field
 from inferq.shared.redis_conn import unavailable
+from inferq.shared.replicas import call_and_wait
 from inferq.shared.schema import ENTRY_JOB
 
 _ENTRY_JOB = ENTRY_JOB.encode()
@@ -52,6 +53,7 @@ class Submitted:
     job_id: str = ""
     entry_id: str = ""
     depth: int = 0
+    replicas: int | None = None  # replicas that acknowledged it (WAIT), when asked for
 
 
 def _s(value: bytes | str) -> str:
@@ -86,6 +88,7 @@ class JobQueue:
         max_bytes: int = 2**62,
         idempotency_key: str | None = None,
         idempotency_ttl_s: int = 86_400,
+        wait: tuple[int, int] = (0, 0),  # (replicas, timeout ms) to WAIT for: shared/replicas
     ) -> Submitted:
         """Admit, record and enqueue atomically (retry-safe: keyed by job id / idempotency key)."""
         size = sum(input_bytes(v) for v in job.inputs)
@@ -102,13 +105,16 @@ class JobQueue:
         ]
         if idempotency_key is not None:
             script_keys.append(keys.idempotency(job.tenant, idempotency_key))
-        outcome, value = await self._submit(keys=script_keys, args=argv)
+        renew = (script_keys[-1], idempotency_ttl_s) if idempotency_key is not None else None
+        (outcome, value), acked = await call_and_wait(
+            self.redis, self._submit, script_keys, argv, wait, renew
+        )
         outcome, value = _s(outcome), _s(value)
         if outcome == "ok":
             job.entry = value
-            return Submitted("created", job.id, value)
+            return Submitted("created", job.id, value, replicas=acked)
         if outcome == "dup":
-            return Submitted("duplicate", value)
+            return Submitted("duplicate", value, replicas=acked)
         if outcome == "full_bytes":
             return Submitted("full_bytes", depth=int(value))
         return Submitted("full", depth=int(value))
@@ -150,13 +156,20 @@ class JobQueue:
     def _finish_args(
         self, model: str, finals: Sequence[Final], only_if_queued: bool = False
     ) -> tuple[list[str], list[bytes | str | int]]:
+        by_stream: dict[str, list[str]] = {}
+        for f in finals:
+            if f.stream:  # outcomes written from outside a worker have no entry to ack
+                by_stream.setdefault(f.stream, []).append(f.entry_id)
         script_keys = [
             keys.queued_items(model), keys.queued_bytes(model), keys.dead(model),
             keys.webhooks(), keys.cache_index(), keys.cache_sizes(), keys.cache_bytes(),
+            *by_stream,
         ]  # fmt: skip
         argv: list[bytes | str | int] = [
-            self.result_ttl_s, "1" if only_if_queued else "0", now_ms(),
+            self.result_ttl_s, "1" if only_if_queued else "0", now_ms(), keys.GROUP, len(by_stream),
         ]  # fmt: skip
+        for ids in by_stream.values():
+            argv += [len(ids), *ids]
         for f in finals:
             script_keys.append(keys.job(f.job_id))
             argv += [keys.done_channel(f.job_id), "1" if f.dead_letter else "0", 2 * len(f.fields)]
@@ -369,27 +382,17 @@ class JobQueue:
 
     @unavailable
     async def finish(self, finals: Sequence[Final]) -> list[int]:
-        """Write every final outcome, then ack their entries: one atomic round trip in all
-        (MULTI/EXEC, so a dead-letter entry, the final state and the ack land together),
-        one script call per model and one XACK + XDEL per stream."""
+        """Write every final outcome and ack its entry: one atomic script call per model (a
+        worker serves one), so a dead-letter entry, the final state, the completion message
+        and the ack land together or not at all."""
         if not finals:
             return []
         by_model: dict[str, list[Final]] = {}
-        by_stream: dict[str, list[str]] = {}
         for f in finals:
             by_model.setdefault(f.model, []).append(f)
-            by_stream.setdefault(f.stream, []).append(f.entry_id)
-        async with self.redis.pipeline(transaction=True) as p:
-            for model, group in by_model.items():
-                script_keys, argv = self._finish_args(model, group)
-                await self._finish(keys=script_keys, args=argv, client=p)
-            for stream, ids in by_stream.items():
-                p.xack(stream, keys.GROUP, *ids)
-                p.xdel(stream, *ids)
-            results = await p.execute()
-        outcome = {
-            f.job_id: int(r)
-            for group, rs in zip(by_model.values(), results, strict=False)
-            for f, r in zip(group, rs, strict=True)
-        }
+        outcome: dict[str, int] = {}
+        for model, group in by_model.items():
+            script_keys, argv = self._finish_args(model, group)
+            results = await self._finish(keys=script_keys, args=argv)
+            outcome.update((f.job_id, int(r)) for f, r in zip(group, results, strict=True))
         return [outcome[f.job_id] for f in finals]

@@ -98,14 +98,19 @@ return out
 
 # Final outcomes for a batch of jobs in one call (a script call costs Redis far more than
 # the writes inside it). KEYS: item counter, byte counter, dead-letter stream, webhook stream,
-# cache index, cache sizes, cache bytes, job 1, job 2, ... ARGV: ttl_s, only_if_queued (0|1),
-# now_ms, then per job: channel, dead (0|1), 2n, n field/value pairs.
+# cache index, cache sizes, cache bytes, then `ns` job streams, then job 1, job 2, ...
+# ARGV: ttl_s, only_if_queued (0|1), now_ms, group, ns, then per stream: m, m entry ids to
+# XACK + XDEL; then per job: channel, dead (0|1), 2n, n field/value pairs.
 # Returns per job: 1 written, 0 already final, 2 not queued (only_if_queued), -1 no such job.
 # A job written final that asked for a webhook gets its delivery entry in the same step, and
 # a succeeded job that asked for caching stores its outputs (bounded: see `keys`), so neither
-# can be lost between the final write and a later call.
+# can be lost between the final write and a later call. The acks ride in the same script:
+# one round trip, atomic, and no MULTI (whose script pre-check costs another trip).
+# The completion message carries the final record (inputs left out) when it is small, so
+# a waiting API answers without reading it back; otherwise it says 'final'.
 FINISH = """
 local now = tonumber(ARGV[3])
+local PUBLISH_MAX = 262144
 local function cache_drop(k)
   local size = redis.call('HGET', KEYS[6], k)
   if size then
@@ -132,8 +137,18 @@ local function cache_put(spec, value)
     held = tonumber(redis.call('GET', KEYS[7]) or '0')
   end
 end
-local out, a = {}, 4
-for i = 8, #KEYS do
+local ns = tonumber(ARGV[5])
+local a = 6
+for j = 8, 7 + ns do
+  local m = tonumber(ARGV[a])
+  if m > 0 then
+    redis.call('XACK', KEYS[j], ARGV[4], unpack(ARGV, a + 1, a + m))
+    redis.call('XDEL', KEYS[j], unpack(ARGV, a + 1, a + m))
+  end
+  a = a + m + 1
+end
+local out = {}
+for i = 8 + ns, #KEYS do
   local key, channel, dead, n = KEYS[i], ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
   local first, last = a + 3, a + 2 + n
   a = last + 1
@@ -166,7 +181,15 @@ for i = 8, #KEYS do
       local outputs = redis.call('HGET', key, F.outputs)
       if outputs then cache_put(cmsgpack.unpack(spec), outputs) end
     end
-    redis.call('PUBLISH', channel, 'final')
+    local flat, rec, size = redis.call('HGETALL', key), {}, 0
+    for j = 1, #flat, 2 do
+      if flat[j] ~= F.inputs then
+        rec[#rec + 1] = flat[j]
+        rec[#rec + 1] = flat[j + 1]
+        size = size + #flat[j + 1]
+      end
+    end
+    redis.call('PUBLISH', channel, size <= PUBLISH_MAX and cmsgpack.pack(rec) or 'final')
     out[#out + 1] = 1
   end
 end

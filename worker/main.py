@@ -20,7 +20,7 @@ from inferq.worker.calibration import backend_key, load_calibration
 from inferq.worker.calibration import resolve_ceiling as from_calibration
 from inferq.worker.models.base import Model, probe_inputs
 from inferq.worker.models.registry import build_model
-from inferq.worker.plan import resolve_device, settle_plan, thread_plan
+from inferq.worker.plan import resolve_backend, resolve_device, settle_plan, thread_plan
 from inferq.worker.runtime import Worker
 
 log = logging.getLogger("inferq.worker")
@@ -74,7 +74,12 @@ async def serve(
     model_threads: int = 1,
 ) -> bool:
     """Run the worker until SIGTERM/SIGINT; True if it drained within INFERQ_DRAIN_S."""
-    redis = worker_client(settings.redis_url.get_secret_value(), block_ms=settings.read_block_ms)
+    redis = worker_client(
+        settings.redis_url.get_secret_value(),
+        block_ms=settings.read_block_ms,
+        sentinels=settings.redis_sentinels,
+        sentinel_master=settings.redis_sentinel_master,
+    )
     ceiling, reason, calibration = resolve_ceiling(
         settings, model, model_name, device, model_threads
     )
@@ -103,6 +108,9 @@ def main(settings: Settings, model: str | None = None) -> int:
     if model and spec.name in settings.served_models and "=" not in model:
         spec = settings.served_models[spec.name]
     device = resolve_device(settings.device)
+    settings = settings.model_copy(
+        update={"backend": resolve_backend(settings.backend, device, spec.target)}
+    )
     model_threads, intra_op = thread_plan(settings, device, spec)
     if settings.snapshot_at is not None:
         from inferq.worker.memory import enable_history

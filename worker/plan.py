@@ -27,6 +27,20 @@ def resolve_device(requested: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def resolve_backend(requested: str, device: str, target: str) -> str:
+    """'auto' → ONNX Runtime for minilm on a CPU when onnxruntime is installed, else torch.
+
+    Measured on this 2-core CPU: minilm one item at a time 132 items/s on ONNX Runtime fp32
+    against 61 on traced torch, vectors at cosine 1.0000. Not measured: efficientnet-lite0 on
+    ONNX Runtime in the stack, and any GPU, so those stay on torch until they are."""
+    if requested != "auto":
+        return requested
+    on_cpu = device.startswith("cpu")
+    if on_cpu and target == "minilm" and importlib.util.find_spec("onnxruntime") is not None:
+        return "onnx"
+    return "torch"
+
+
 # Auto mode runs at most this many batches at once on a CPU; the rest of the cores go to each
 # batch's intra-op threads. Only measured on 2 cores: more streams on a big CPU is a guess.
 MAX_AUTO_STREAMS = 4

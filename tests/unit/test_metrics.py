@@ -21,6 +21,10 @@ API = {
     "inferq_queue_depth": ("gauge", {"model"}),
     "inferq_requests_waiting": ("gauge", set()),
     "inferq_cache_lookups": ("counter", {"model", "result"}),
+    "inferq_webhook_deliveries": ("counter", {"outcome"}),
+    "inferq_webhook_attempt_seconds": ("histogram", set()),
+    "inferq_batches_finished": ("counter", {"status"}),
+    "inferq_batch_lines": ("counter", {"result"}),
 }
 WORKER = {
     "inferq_jobs_finished": ("counter", {"model", "status"}),
@@ -42,6 +46,10 @@ API_EXPOSED = frozenset(
         "inferq_queue_depth",
         "inferq_requests_waiting",
         "inferq_cache_lookups_total",
+        "inferq_webhook_deliveries_total",
+        "inferq_webhook_attempt_seconds",
+        "inferq_batches_finished_total",
+        "inferq_batch_lines_total",
     }
 )
 WORKER_EXPOSED = frozenset({
@@ -65,6 +73,10 @@ def _observe_everything() -> tuple[CollectorRegistry, CollectorRegistry]:
     a.jobs_rejected.labels(model="echo", reason="queue_full").inc()
     a.queue_depth.labels(model="echo").set(3)
     a.cache_lookups.labels(model="echo", result="hit").inc()
+    a.webhook_deliveries.labels(outcome="delivered").inc()
+    a.webhook_attempt_seconds.observe(0.03)
+    a.batches_finished.labels(status="completed").inc()
+    a.batch_lines.labels(result="succeeded").inc(3)
     w.jobs_finished.labels(model="echo", status="succeeded").inc()
     w.job_queue_seconds.labels(model="echo").observe(0.01)
     w.job_latency_seconds.labels(model="echo").observe(0.02)
