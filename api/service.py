@@ -117,7 +117,8 @@ class JobService:
         if cached is not None and now - cached[0] < INFO_TTL_S:
             return cached[1]
         info = await self.registry.model_info(model)
-        self._info[model] = (now, info)
+        if info is not None:  # not yet declared: look again next time, not in INFO_TTL_S
+            self._info[model] = (now, info)
         return info
 
     async def check_model(self, model: str, sub: Submission, kinds: list[InputKind]) -> None:
