@@ -55,6 +55,7 @@ def create_app(settings: Settings) -> FastAPI:
         sentinel = {
             "sentinels": settings.redis_sentinels,
             "sentinel_master": settings.redis_sentinel_master,
+            "cluster": settings.redis_cluster,
         }
         redis = api_client(
             url, timeout_s=settings.redis_timeout_s, pool_size=settings.redis_pool_size, **sentinel
@@ -63,7 +64,7 @@ def create_app(settings: Settings) -> FastAPI:
             pubsub_client(url, connect_timeout_s=settings.redis_timeout_s, **sentinel)
         )
         await notifier.start()
-        queue = JobQueue(redis, result_ttl_s=settings.result_ttl_s)
+        queue = JobQueue(redis, result_ttl_s=settings.result_ttl_s, shards=settings.stream_shards)
         app.state.jobs = JobService(settings, queue, WorkerRegistry(redis), notifier, metrics)
         # Webhook deliveries (when a signing key is set); its blocking reads get their own
         # connection without a socket timeout, like the notifier's.

@@ -20,8 +20,8 @@ from typing import Any
 import msgpack
 from redis.asyncio import Redis
 
-from inferq.shared import keys
 from inferq.shared.jobs import Job
+from inferq.shared.queue import per_shard
 from inferq.shared.redis_conn import unavailable
 from inferq.shared.schema import SCHEMA_VERSION
 from inferq.shared.settings import Settings
@@ -37,13 +37,14 @@ def _canonical(value: Any) -> Any:
 
 
 def cache_key(job: Job, version: str, *, shared: bool) -> str:
-    """The Redis key of `job`'s result: a hash of everything that decides the outputs."""
+    """The digest naming `job`'s result: a hash of everything that decides the outputs. The
+    Redis key is `keys.cache(digest, model, shard)`: each queue shard caches what it ran."""
     scope = "*" if shared else f"tenant:{job.tenant}"
     payload = msgpack.packb(
         [SCHEMA_VERSION, job.model, version, scope, job.inputs, _canonical(job.parameters)],
         use_bin_type=True,
     )
-    return keys.cache(hashlib.sha256(payload).hexdigest())
+    return hashlib.sha256(payload).hexdigest()
 
 
 class ResultCache:
@@ -51,13 +52,14 @@ class ResultCache:
         self.ttl_s = settings.cache_ttl_s
         self.models = frozenset(settings.cache_models)
         self.shared = settings.cache_shared
-        self.max_bytes = settings.cache_max_bytes
+        # Each shard bounds its own cache (one script sees one slot): an even share each.
+        self.max_bytes = per_shard(settings.cache_max_bytes, settings.stream_shards)
         self.redis = redis
 
     def enabled(self, model: str) -> bool:
         return self.ttl_s > 0 and (not self.models or model in self.models)
 
-    def key(self, job: Job, version: str) -> str:
+    def digest(self, job: Job, version: str) -> str:
         return cache_key(job, version, shared=self.shared)
 
     def spec(self, key: str) -> dict[str, Any]:

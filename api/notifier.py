@@ -86,6 +86,9 @@ class Notifier:
         while True:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
+                # A cluster client learns the slot map on its first command, and its pubsub
+                # picks a node from that map: ask something first (after a failover too).
+                await self._redis.ping()
                 await pubsub.psubscribe(keys.DONE_PATTERN)
                 self.connected.set()
                 self.wake_all()  # anything published while we were away: re-read

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import math
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,6 +28,7 @@ from inferq.api.errors import request_error
 from inferq.api.inputs import InputItem, wire_images, wire_inputs
 from inferq.api.notifier import Notifier
 from inferq.api.webhooks import submit_target
+from inferq.shared import keys
 from inferq.shared.errors import (
     InputInvalid,
     JobConflict,
@@ -48,7 +51,7 @@ from inferq.shared.jobs import (
     now_ms,
 )
 from inferq.shared.metrics import ApiMetrics
-from inferq.shared.queue import JobQueue
+from inferq.shared.queue import JobQueue, Submitted, per_shard
 from inferq.shared.registry import ModelInfo, WorkerRegistry
 from inferq.shared.schema import InputKind, JobField
 from inferq.shared.settings import Settings
@@ -92,6 +95,7 @@ class JobService:
         self.shutting_down = False
         self._throughput: dict[str, tuple[float, float]] = {}  # model → (read at, items/s)
         self._info: dict[str, tuple[float, ModelInfo | None]] = {}  # model → (read at, info)
+        self._turn = itertools.count(random.randrange(1024))  # the next unpinned job's shard
 
     def resolve_model(self, requested: str | None) -> str:
         name = requested or self.settings.default_model.name
@@ -162,7 +166,7 @@ class JobService:
         timeout_s = sub.timeout_s or self.settings.job_timeout_s
         created = now_ms()
         job = Job(
-            id=new_job_id(), model=name, inputs=inputs, tenant=sub.tenant,
+            id="", model=name, inputs=inputs, tenant=sub.tenant,
             priority=sub.priority, created_ms=created,
             deadline_ms=created + int(timeout_s * 1000), parameters=sub.parameters,
         )  # fmt: skip
@@ -170,8 +174,17 @@ class JobService:
         key_hash = None
         if sub.idempotency_key is not None:
             key_hash = hashlib.sha256(sub.idempotency_key.encode()).hexdigest()
+        digest = None
         if self.cache.enabled(name) and (info := await self.model_info(name)) and info.version:
-            key = self.cache.key(job, info.version)
+            digest = self.cache.digest(job, info.version)
+        # A repeat of an Idempotency-Key must meet its first job's key, and a cache lookup the
+        # shard that filled it: those pin the shard; any other job takes the next in turn.
+        pin = key_hash or digest
+        shards = self.queue.shards
+        first = int(pin[:8], 16) % shards if pin else next(self._turn) % shards
+        job.id = new_job_id(name, first, shards)
+        if digest is not None:
+            key = keys.cache(digest, name, first, shards)
             hit = await self.cache.get(key)
             self.metrics.cache_lookups.labels(model=name, result="hit" if hit else "miss").inc()
             if hit is not None:
@@ -185,11 +198,8 @@ class JobService:
         wait = self.settings.redis_wait_replicas
         # WAIT within three quarters of the socket timeout, so its reply always comes back.
         wait_ms = int(self.settings.redis_timeout_s * 750)
-        done = await self.queue.submit(
-            job, max_queue=limit, max_bytes=self.settings.max_queue_bytes,
-            idempotency_key=key_hash, idempotency_ttl_s=self.settings.idempotency_ttl_s,
-            wait=(wait, wait_ms),
-        )  # fmt: skip
+        done = await self._enqueue(job, limit, key_hash, first, pinned=pin is not None,
+                                   wait=(wait, wait_ms))  # fmt: skip
         if done.replicas is not None and done.replicas < wait:
             # The job is on the master (and runs), but a failover now could lose it: refuse the
             # acknowledgement. A retry with the same Idempotency-Key finds it, and is answered
@@ -210,6 +220,32 @@ class JobService:
         if done.outcome == "full":
             self._reject(name, done.depth, len(inputs), rate, timeout_s)
         return job, True
+
+    async def _enqueue(
+        self, job: Job, limit: int, key_hash: str | None, first: int, *, pinned: bool,
+        wait: tuple[int, int],
+    ) -> Submitted:  # fmt: skip
+        """Submit `job` on shard `first`. Caps hold per shard (a script sees one shard's
+        counters), so a job refused by a full shard tries the others unless it is pinned:
+        the queue refuses only when every shard is full (`depth` then counts them all)."""
+        shards = self.queue.shards
+        for step in range(1 if pinned else shards):
+            if step:
+                job.id = new_job_id(job.model, (first + step) % shards, shards)
+            done = await self.queue.submit(
+                job, max_queue=per_shard(limit, shards),
+                max_bytes=per_shard(self.settings.max_queue_bytes, shards),
+                idempotency_key=key_hash, idempotency_ttl_s=self.settings.idempotency_ttl_s,
+                wait=wait,
+            )  # fmt: skip
+            if done.outcome not in ("full", "full_bytes"):
+                return done
+        if shards > 1:
+            total = (
+                self.queue.queued_bytes if done.outcome == "full_bytes" else self.queue.queued_items
+            )
+            done.depth = await total(job.model)
+        return done
 
     async def _answer_cached(
         self, job: Job, outputs: bytes, key_hash: str | None

@@ -40,7 +40,7 @@ async def one(url: str, jobs: int, count: int) -> tuple[float, float, float]:
     await q.ensure_group(MODEL)
     t0, c0 = time.perf_counter(), await redis_cpu_s(r)
     for _ in range(jobs):
-        await q.submit(Job(id=new_job_id(), model=MODEL, inputs=["a short sentence"]))
+        await q.submit(Job(id=new_job_id(MODEL), model=MODEL, inputs=["a short sentence"]))
     submit_s, submit_cpu = time.perf_counter() - t0, await redis_cpu_s(r) - c0
     out = np.zeros((1, 384), np.float32)
     t0, c0 = time.perf_counter(), await redis_cpu_s(r)

@@ -20,6 +20,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from inferq.shared import keys
 from inferq.shared.errors import CodecError
 from inferq.shared.schema import FINAL, SCHEMA_VERSION, ErrorCode, Status
 from inferq.shared.schema import JobField as F
@@ -43,9 +44,10 @@ __all__ = [
 ]
 
 
-def new_job_id() -> str:
-    """128 random bits, URL-safe; never a stream id (those are enumerable timestamps)."""
-    return secrets.token_urlsafe(16)
+def new_job_id(model: str, shard: int = 0, shards: int = 1) -> str:
+    """The shard's hash tag (`keys.tag`), a dot, then 128 random bits, URL-safe; never a
+    stream id (those are enumerable timestamps)."""
+    return f"{keys.tag(model, shard, shards)}.{secrets.token_urlsafe(16)}"
 
 
 def now_ms() -> int:

@@ -1,34 +1,43 @@
 """Every Redis key and channel inferq uses, built here and nowhere else.
 
-| builder                | type    | lifetime                                   |
-|------------------------|---------|--------------------------------------------|
-| `stream(model, lane)`  | stream  | forever; entries deleted once acked         |
-| `queued_items(model)`  | string  | counter: items accepted and not yet final    |
-| `idempotency(t, h)`    | string  | job id for (tenant, key hash), `idempotency_ttl_s` |
-| `GROUP`                | group   | consumer group on each stream               |
-| `job(job_id)`          | hash    | `result_ttl_s` once final, else until final |
-| `done_channel(job_id)` | pub/sub | message = "final" when the job is final      |
-| `DONE_PATTERN`         | pattern | what each API process subscribes to         |
-| `workers(model)`       | zset    | member = worker id, score = beat expiry ms  |
-| `worker(worker_id)`    | hash    | heartbeat record, TTL `heartbeat_ttl_s`     |
-| `dead(model)`          | stream  | dead-lettered entries                       |
-| `model_info(model)`    | hash    | what the model takes and gives (its workers write it at start; no TTL) |
-| `queued_bytes(model)`  | string  | counter: input bytes accepted and not yet final |
-| `webhooks()`           | stream  | one entry `{job: id}` per final job with a webhook; acked once delivered |
-| `webhook_retry()`      | zset    | deliveries waiting for their next attempt, score = due ms |
-| `webhook_dead()`       | stream  | deliveries given up after `webhook_max_age_s` |
-| `cache(digest)`        | string  | cached outputs (packed), TTL `cache_ttl_s` |
-| `cache_index()`        | zset    | member = cache key, score = its expiry ms: eviction order |
-| `cache_sizes()`        | hash    | cache key → bytes it holds |
-| `cache_bytes()`        | string  | counter: bytes held by the cache, bounded by `cache_max_bytes` |
-| `file(file_id)`        | hash    | an uploaded file's metadata, TTL `batch_file_ttl_s` |
-| `file_content(file_id)`| string  | the file's bytes, same TTL |
-| `files(tenant)`        | zset    | a tenant's file ids by creation second |
-| `batch(batch_id)`      | hash    | a batch's record (status, counts, file ids), TTL `batch_file_ttl_s` |
-| `batch_results(batch_id)` | hash | line number → its output or error line, as lines finish |
-| `batches(tenant)`      | zset    | a tenant's batch ids by creation second |
-| `BATCHES_ACTIVE`       | set     | batches not yet final: what the API processes' batch runners work on |
-| `batch_lease(batch_id)`| string  | which API process runs the batch now (SET NX PX) |
+**The hash-tag rule** (what makes Redis Cluster work): every key one Lua script touches
+carries the same hash tag `{...}`, so it lands in one slot. A model's queue is split into
+`INFERQ_STREAM_SHARDS` shards, and everything one shard's scripts touch is tagged
+`{<model>.<shard>[~k]}` (`tag`): its lane streams, admission counters, dead letters, idempotency keys,
+webhook deliveries, result cache, and the records of the jobs queued on it. A job id starts
+with its shard's tag (`<tag>.<random>`), so `job(id)` finds the record without a
+lookup. Batches and files are tagged by their own id; the worker registry and model info are
+read and written outside scripts and need no tag. On one Redis the tags change nothing.
+
+| builder                          | type    | lifetime                                   |
+|----------------------------------|---------|--------------------------------------------|
+| `stream(model, lane, shard)`     | stream  | forever; entries deleted once acked         |
+| `queued_items(model, shard)`     | string  | counter: items accepted and not yet final    |
+| `queued_bytes(model, shard)`     | string  | counter: input bytes accepted and not yet final |
+| `idempotency(t, h, model, shard)`| string  | job id for (tenant, key hash), `idempotency_ttl_s` |
+| `GROUP`                          | group   | consumer group on each stream               |
+| `job(job_id)`                    | hash    | `result_ttl_s` once final, else until final |
+| `done_channel(job_id)`           | pub/sub | message = the final record (or "final")    |
+| `DONE_PATTERN`                   | pattern | what each API process subscribes to         |
+| `workers(model)`                 | zset    | member = worker id, score = beat expiry ms  |
+| `worker(worker_id)`              | hash    | heartbeat record, TTL `heartbeat_ttl_s`     |
+| `dead(model, shard)`             | stream  | dead-lettered entries                       |
+| `model_info(model)`              | hash    | what the model takes and gives (its workers write it at start; no TTL) |
+| `webhooks(model, shard)`         | stream  | one entry `{job: id}` per final job with a webhook; acked once delivered |
+| `webhook_retry(model, shard)`    | zset    | deliveries waiting for their next attempt, score = due ms |
+| `webhook_dead(model, shard)`     | stream  | deliveries given up after `webhook_max_age_s` |
+| `cache(digest, model, shard)`    | string  | cached outputs (packed), TTL `cache_ttl_s` |
+| `cache_index(model, shard)`      | zset    | member = cache key, score = its expiry ms: eviction order |
+| `cache_sizes(model, shard)`      | hash    | cache key → bytes it holds |
+| `cache_bytes(model, shard)`      | string  | counter: bytes held by the shard's cache, bounded by its share of `cache_max_bytes` |
+| `file(file_id)`                  | hash    | an uploaded file's metadata, TTL `batch_file_ttl_s` |
+| `file_content(file_id)`          | string  | the file's bytes, same TTL |
+| `files(tenant)`                  | zset    | a tenant's file ids by creation second |
+| `batch(batch_id)`                | hash    | a batch's record (status, counts, file ids), TTL `batch_file_ttl_s` |
+| `batch_results(batch_id)`        | hash    | line number → its output or error line, as lines finish |
+| `batches(tenant)`                | zset    | a tenant's batch ids by creation second |
+| `BATCHES_ACTIVE`                 | set     | batches not yet final: what the API processes' batch runners work on |
+| `batch_lease(batch_id)`          | string  | which API process runs the batch now (SET NX PX) |
 
 The result cache lives beside the job records under its own prefix and does its own
 bounded eviction (`cache_index` + `cache_sizes`, in the FINISH script): Redis runs with
@@ -36,6 +45,10 @@ bounded eviction (`cache_index` + `cache_sizes`, in the FINISH script): Redis ru
 """
 
 from __future__ import annotations
+
+import functools
+
+from redis.crc import key_slot
 
 PREFIX = "inferq"
 GROUP = "workers"
@@ -46,26 +59,68 @@ DONE_PATTERN = f"{PREFIX}:done:*"
 LANES = ("high", "normal", "low")
 
 
-def stream(model: str, lane: str = "normal") -> str:
-    """The job stream of one model and priority lane: entries `{job: <id>}`."""
+SLOTS = 16384
+
+
+@functools.cache
+def tag(model: str, shard: int = 0, shards: int = 1) -> str:
+    """Shard `shard` of `shards` of `model`'s queue: `{tag}` is the hash tag of its keys.
+
+    `<model>.<shard>`, or `<model>.<shard>~<k>` with the least k that puts the tag's slot in
+    the middle half of the shard's share of the slot space (shard s of n: the s-th n-th). A
+    cluster whose masters hold equal slot ranges, as `redis-cli --cluster create` makes them,
+    then serves n shards from n different masters (n ≤ masters), not wherever CRC16 falls.
+    """
+    base = f"{model}.{shard}"
+    if shards <= 1:
+        return base
+    lo, hi = shard * SLOTS // shards, (shard + 1) * SLOTS // shards
+    lo, hi = lo + (hi - lo) // 4, hi - (hi - lo) // 4
+    k = 0
+    while not lo <= key_slot((candidate := f"{base}~{k}" if k else base).encode()) < hi:
+        k += 1
+    return candidate
+
+
+def _q(model: str, shard: int, shards: int) -> str:
+    return f"{PREFIX}:{{{tag(model, shard, shards)}}}"
+
+
+def job_shard(job_id: str) -> tuple[str, int] | None:
+    """(model, shard) a job id was made for (`<tag>.<random>`), or None for an id of another
+    shape (a client's guess, a test's literal): such a record is untagged."""
+    where, dot, rest = job_id.rpartition(".")
+    model, dot2, label = where.rpartition(".")
+    shard = label.split("~", 1)[0]
+    if not dot or not dot2 or not model or not rest or not shard.isdigit():
+        return None
+    return model, int(shard)
+
+
+def stream(model: str, lane: str = "normal", shard: int = 0, shards: int = 1) -> str:
+    """The job stream of one model, priority lane and shard: entries `{job: <id>}`."""
     if lane not in LANES:
         raise ValueError(f"unknown lane {lane!r}; lanes are {LANES}")
-    return f"{PREFIX}:{model}:jobs" if lane == "normal" else f"{PREFIX}:{model}:jobs:{lane}"
+    return (
+        f"{_q(model, shard, shards)}:jobs"
+        if lane == "normal"
+        else f"{_q(model, shard, shards)}:jobs:{lane}"
+    )
 
 
-def streams(model: str) -> list[str]:
-    """All lanes of one model, highest priority first."""
-    return [stream(model, lane) for lane in LANES]
+def streams(model: str, shard: int = 0, shards: int = 1) -> list[str]:
+    """All lanes of one model's shard, highest priority first."""
+    return [stream(model, lane, shard, shards) for lane in LANES]
 
 
-def queued_items(model: str) -> str:
-    """Items accepted for `model` and not yet final: the admission counter."""
-    return f"{PREFIX}:{model}:queued_items"
+def queued_items(model: str, shard: int = 0, shards: int = 1) -> str:
+    """Items accepted on one shard of `model` and not yet final: the admission counter."""
+    return f"{_q(model, shard, shards)}:queued_items"
 
 
-def queued_bytes(model: str) -> str:
-    """Input bytes accepted for `model` and not yet final: the byte admission counter."""
-    return f"{PREFIX}:{model}:queued_bytes"
+def queued_bytes(model: str, shard: int = 0, shards: int = 1) -> str:
+    """Input bytes accepted on one shard of `model` and not yet final: the byte counter."""
+    return f"{_q(model, shard, shards)}:queued_bytes"
 
 
 def model_info(model: str) -> str:
@@ -73,23 +128,27 @@ def model_info(model: str) -> str:
     return f"{PREFIX}:{model}:info"
 
 
-def idempotency(tenant: str, key_hash: str) -> str:
-    """Maps a client's Idempotency-Key (hashed) to the job it created."""
-    return f"{PREFIX}:idem:{tenant or '-'}:{key_hash}"
+def idempotency(tenant: str, key_hash: str, model: str, shard: int = 0, shards: int = 1) -> str:
+    """Maps a client's Idempotency-Key (hashed) to the job it created on this shard."""
+    return f"{_q(model, shard, shards)}:idem:{tenant or '-'}:{key_hash}"
 
 
-def dead(model: str) -> str:
-    """Dead-letter stream of one model."""
-    return f"{PREFIX}:{model}:dead"
+def dead(model: str, shard: int = 0, shards: int = 1) -> str:
+    """Dead-letter stream of one model's shard."""
+    return f"{_q(model, shard, shards)}:dead"
 
 
 def job(job_id: str) -> str:
-    """The job record hash."""
-    return f"{PREFIX}:job:{job_id}"
+    """The job record hash, in its shard's slot: `inferq:job:{<tag>}.<random>`."""
+    if job_shard(job_id) is None:
+        return f"{PREFIX}:job:{job_id}"
+    where, _, rest = job_id.rpartition(".")
+    return f"{PREFIX}:job:{{{where}}}.{rest}"
 
 
 def done_channel(job_id: str) -> str:
-    """Channel a worker publishes on when `job_id` becomes final."""
+    """Channel a worker publishes on when `job_id` becomes final. PUBLISH reaches every
+    node of a cluster, so one subscriber per API process hears all shards."""
     return f"{PREFIX}:done:{job_id}"
 
 
@@ -107,44 +166,44 @@ def worker(worker_id: str) -> str:
     return f"{PREFIX}:worker:{worker_id}"
 
 
-def webhooks() -> str:
-    """Deliveries to make: one entry per final job that asked for a webhook."""
-    return f"{PREFIX}:webhooks"
+def webhooks(model: str, shard: int = 0, shards: int = 1) -> str:
+    """Deliveries to make for the final jobs of one shard (one entry per job)."""
+    return f"{_q(model, shard, shards)}:webhooks"
 
 
-def webhook_retry() -> str:
+def webhook_retry(model: str, shard: int = 0, shards: int = 1) -> str:
     """Deliveries waiting for their next attempt (zset, score = due ms)."""
-    return f"{PREFIX}:webhooks:retry"
+    return f"{_q(model, shard, shards)}:webhooks:retry"
 
 
-def webhook_dead() -> str:
+def webhook_dead(model: str, shard: int = 0, shards: int = 1) -> str:
     """Deliveries given up after `webhook_max_age_s`."""
-    return f"{PREFIX}:webhooks:dead"
+    return f"{_q(model, shard, shards)}:webhooks:dead"
 
 
-def cache(digest: str) -> str:
-    """One cached result: the packed outputs of a succeeded job."""
-    return f"{PREFIX}:cache:{digest}"
+def cache(digest: str, model: str, shard: int = 0, shards: int = 1) -> str:
+    """One cached result: the packed outputs of a succeeded job of this shard."""
+    return f"{_q(model, shard, shards)}:cache:{digest}"
 
 
-def cache_index() -> str:
-    return f"{PREFIX}:cache-index"
+def cache_index(model: str, shard: int = 0, shards: int = 1) -> str:
+    return f"{_q(model, shard, shards)}:cache-index"
 
 
-def cache_sizes() -> str:
-    return f"{PREFIX}:cache-sizes"
+def cache_sizes(model: str, shard: int = 0, shards: int = 1) -> str:
+    return f"{_q(model, shard, shards)}:cache-sizes"
 
 
-def cache_bytes() -> str:
-    return f"{PREFIX}:cache-bytes"
+def cache_bytes(model: str, shard: int = 0, shards: int = 1) -> str:
+    return f"{_q(model, shard, shards)}:cache-bytes"
 
 
 def file(file_id: str) -> str:
-    return f"{PREFIX}:file:{file_id}"
+    return f"{PREFIX}:file:{{{file_id}}}"
 
 
 def file_content(file_id: str) -> str:
-    return f"{PREFIX}:file:{file_id}:content"
+    return f"{PREFIX}:file:{{{file_id}}}:content"
 
 
 def files(tenant: str) -> str:
@@ -152,11 +211,11 @@ def files(tenant: str) -> str:
 
 
 def batch(batch_id: str) -> str:
-    return f"{PREFIX}:batch:{batch_id}"
+    return f"{PREFIX}:batch:{{{batch_id}}}"
 
 
 def batch_results(batch_id: str) -> str:
-    return f"{PREFIX}:batch:{batch_id}:results"
+    return f"{PREFIX}:batch:{{{batch_id}}}:results"
 
 
 def batches(tenant: str) -> str:
@@ -164,4 +223,4 @@ def batches(tenant: str) -> str:
 
 
 def batch_lease(batch_id: str) -> str:
-    return f"{PREFIX}:batch:{batch_id}:lease"
+    return f"{PREFIX}:batch:{{{batch_id}}}:lease"

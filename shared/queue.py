@@ -7,15 +7,18 @@ turns a Redis failure into `QueueUnavailable` (`inferq.shared.redis_conn.unavail
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from inferq.shared import keys, scripts
 from inferq.shared.jobs import Job, decode_job, encode_submit, input_bytes, now_ms, pack_field
+from inferq.shared.queue_reads import QueueReads, _s
 from inferq.shared.redis_conn import unavailable
 from inferq.shared.replicas import call_and_wait
 from inferq.shared.schema import ENTRY_JOB
@@ -56,21 +59,32 @@ class Submitted:
     replicas: int | None = None  # replicas that acknowledged it (WAIT), when asked for
 
 
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+def shard_of(job_id: str) -> int:
+    """The queue shard a job id was made for (0 for an id without one)."""
+    where = keys.job_shard(job_id)
+    return where[1] if where else 0
 
 
-def _entry_ms(entry_id: bytes | str) -> int:
-    """Milliseconds part of a stream entry id `<ms>-<seq>`."""
-    return int(_s(entry_id).split("-", 1)[0])
+def per_shard(total: int, shards: int) -> int:
+    """One shard's share of a queue-wide bound (admission caps are kept per shard: a script
+    sees one slot's counters only)."""
+    return -(-total // shards)
 
 
-class JobQueue:
-    """Thin async wrapper over one Redis client; both the API and the worker use it."""
+class JobQueue(QueueReads):
+    """Thin async wrapper over one Redis client; both the API and the worker use it.
 
-    def __init__(self, redis: Redis, *, result_ttl_s: int) -> None:
+    `shards`: how many streams each model's queue is spread over (`INFERQ_STREAM_SHARDS`).
+    Scripts run per shard (their keys share the shard's hash tag); reads that describe a
+    model (depth, position, lanes) add up its shards.
+    """
+
+    def __init__(self, redis: Redis, *, result_ttl_s: int, shards: int = 1) -> None:
         self.redis = redis
         self.result_ttl_s = result_ttl_s
+        self.shards = shards
+        # A cluster client refuses scripts inside a pipeline: calls go out side by side.
+        self.cluster = isinstance(redis, RedisCluster)
         self._submit = redis.register_script(scripts.source(scripts.SUBMIT))
         self._claim = redis.register_script(scripts.source(scripts.CLAIM))
         self._finish = redis.register_script(scripts.source(scripts.FINISH))
@@ -97,14 +111,17 @@ class JobQueue:
         ]  # fmt: skip
         for k, v in encode_submit(job).items():
             argv += [k, v]
+        shard = shard_of(job.id)
         script_keys = [
             keys.job(job.id),
-            keys.stream(job.model, job.priority),
-            keys.queued_items(job.model),
-            keys.queued_bytes(job.model),
+            keys.stream(job.model, job.priority, shard, self.shards),
+            keys.queued_items(job.model, shard, self.shards),
+            keys.queued_bytes(job.model, shard, self.shards),
         ]
         if idempotency_key is not None:
-            script_keys.append(keys.idempotency(job.tenant, idempotency_key))
+            script_keys.append(
+                keys.idempotency(job.tenant, idempotency_key, job.model, shard, self.shards)
+            )
         renew = (script_keys[-1], idempotency_ttl_s) if idempotency_key is not None else None
         (outcome, value), acked = await call_and_wait(
             self.redis, self._submit, script_keys, argv, wait, renew
@@ -133,9 +150,12 @@ class JobQueue:
         argv: list[bytes | str | int] = [job.id, self.result_ttl_s, idempotency_ttl_s]
         for k, v in fields.items():
             argv += [k, v]
-        script_keys = [keys.job(job.id), keys.webhooks()]
+        shard = shard_of(job.id)
+        script_keys = [keys.job(job.id), keys.webhooks(job.model, shard, self.shards)]
         if idempotency_key is not None:
-            script_keys.append(keys.idempotency(job.tenant, idempotency_key))
+            script_keys.append(
+                keys.idempotency(job.tenant, idempotency_key, job.model, shard, self.shards)
+            )
         outcome, value = await self._cached(keys=script_keys, args=argv)
         if _s(outcome) == "dup":
             return Submitted("duplicate", _s(value))
@@ -150,20 +170,20 @@ class JobQueue:
     async def cancel(self, job: Job, fields: dict[str, bytes], *, only_if_queued: bool) -> int:
         """Finalise a job from outside a worker (cancel/expire); same guard as `finish`."""
         final = Final(job.model, "", "", job.id, fields)
-        script_keys, argv = self._finish_args(job.model, [final], only_if_queued)
+        script_keys, argv = self._finish_args(job.model, shard_of(job.id), [final], only_if_queued)
         return int((await self._finish(keys=script_keys, args=argv))[0])
 
     def _finish_args(
-        self, model: str, finals: Sequence[Final], only_if_queued: bool = False
+        self, model: str, shard: int, finals: Sequence[Final], only_if_queued: bool = False
     ) -> tuple[list[str], list[bytes | str | int]]:
         by_stream: dict[str, list[str]] = {}
         for f in finals:
             if f.stream:  # outcomes written from outside a worker have no entry to ack
                 by_stream.setdefault(f.stream, []).append(f.entry_id)
         script_keys = [
-            keys.queued_items(model), keys.queued_bytes(model), keys.dead(model),
-            keys.webhooks(), keys.cache_index(), keys.cache_sizes(), keys.cache_bytes(),
-            *by_stream,
+            keys.queued_items(model, shard, self.shards), keys.queued_bytes(model, shard, self.shards),
+            keys.dead(model, shard, self.shards), keys.webhooks(model, shard, self.shards), keys.cache_index(model, shard, self.shards),
+            keys.cache_sizes(model, shard, self.shards), keys.cache_bytes(model, shard, self.shards), *by_stream,
         ]  # fmt: skip
         argv: list[bytes | str | int] = [
             self.result_ttl_s, "1" if only_if_queued else "0", now_ms(), keys.GROUP, len(by_stream),
@@ -177,65 +197,11 @@ class JobQueue:
                 argv += [k, v]
         return script_keys, argv
 
-    @unavailable
-    async def queue_depth(self, model: str) -> int:
-        """Jobs waiting or running: acked entries are deleted, so stream lengths are it."""
-        async with self.redis.pipeline(transaction=False) as p:
-            for s in keys.streams(model):
-                p.xlen(s)
-            return sum(int(n) for n in await p.execute())
-
-    @unavailable
-    async def queued_items(self, model: str) -> int:
-        return int(await self.redis.get(keys.queued_items(model)) or 0)
-
-    @unavailable
-    async def queued_bytes(self, model: str) -> int:
-        return int(await self.redis.get(keys.queued_bytes(model)) or 0)
-
-    @unavailable
-    async def position(self, job: Job, limit: int = 1000) -> int:
-        """Entries ahead of `job`: all of higher lanes plus the older ones of its own (capped)."""
-        ahead = 0
-        async with self.redis.pipeline(transaction=False) as p:
-            for lane in keys.LANES[: keys.LANES.index(job.priority)]:
-                p.xlen(keys.stream(job.model, lane))
-            if job.entry:
-                p.xrange(keys.stream(job.model, job.priority), "-", f"({job.entry}", count=limit)
-            replies = await p.execute()
-        for r in replies:
-            ahead += len(r) if isinstance(r, list) else int(r)
-        return ahead
-
-    @unavailable
-    async def ping(self) -> float:
-        """Round trip to Redis, in ms."""
-        started = time.perf_counter()
-        await self.redis.ping()
-        return round((time.perf_counter() - started) * 1000, 3)
-
-    @unavailable
-    async def lanes(self, models: Sequence[str]) -> dict[str, tuple[int, int | None]]:
-        """Per model, over all lanes: (entries, ms timestamp of the oldest entry or None)."""
-        n = len(keys.LANES)
-        async with self.redis.pipeline(transaction=False) as p:
-            for m in models:
-                for s in keys.streams(m):
-                    p.xlen(s)
-                    p.xrange(s, "-", "+", count=1)
-            replies = await p.execute()
-        out: dict[str, tuple[int, int | None]] = {}
-        for i, m in enumerate(models):
-            mine = replies[2 * n * i : 2 * n * (i + 1)]
-            firsts = [_entry_ms(first[0][0]) for first in mine[1::2] if first]
-            out[m] = (sum(int(d) for d in mine[::2]), min(firsts) if firsts else None)
-        return out
-
     # --- worker side ---
     @unavailable
     async def ensure_group(self, model: str) -> None:
         """Create streams and group if missing; BUSYGROUP means another worker did."""
-        for s in keys.streams(model):
+        for s in self.streams(model):
             try:
                 await self.redis.xgroup_create(s, keys.GROUP, id="0", mkstream=True)
             except ResponseError as e:
@@ -252,10 +218,14 @@ class JobQueue:
         block_ms: int | None,
         pending: bool = False,
         lanes: Sequence[str] = keys.LANES,
+        shards: Sequence[int] = (0,),
     ) -> list[Entry]:
-        """XREADGROUP over `lanes` in order: new entries ('>'), or our own unacked ('0')."""
+        """XREADGROUP over `lanes` of `shards` in order: new entries ('>'), or our own unacked
+        ('0'). On a cluster, one shard per call (a read's streams must share a slot)."""
         streams: dict[bytes | str | memoryview, int | bytes | str | memoryview] = {
-            keys.stream(model, lane): "0" if pending else ">" for lane in lanes
+            keys.stream(model, lane, shard, self.shards): "0" if pending else ">"
+            for shard in shards
+            for lane in lanes
         }
         try:
             reply = await self.redis.xreadgroup(
@@ -282,12 +252,34 @@ class JobQueue:
                 entries.append(Entry(_s(stream), _s(entry_id), job_id.decode() if job_id else ""))
         return entries
 
+    async def _per_shard(
+        self, job_ids: Sequence[str], call: Callable[[list[int]], Awaitable[list[Any]]]
+    ) -> list[Any]:
+        """`call(indexes)` once per shard among `job_ids` (one slot per script call on a
+        cluster), side by side; the replies in `job_ids`' order."""
+        groups: dict[int, list[int]] = {}
+        for i, j in enumerate(job_ids):
+            groups.setdefault(shard_of(j) if self.cluster else 0, []).append(i)
+        if len(groups) == 1:
+            return await call(next(iter(groups.values())))
+        out: list[Any] = [None] * len(job_ids)
+        parts = await asyncio.gather(*(call(ix) for ix in groups.values()))
+        for ix, replies in zip(groups.values(), parts, strict=True):
+            for i, r in zip(ix, replies, strict=True):
+                out[i] = r
+        return out
+
     @unavailable
     async def claim(self, job_ids: Sequence[str], now_ms: int) -> list[Job | None]:
         """Mark queued jobs running and read them; None for a job whose record is gone."""
         if not job_ids:
             return []
-        replies = await self._claim(keys=[keys.job(j) for j in job_ids], args=[pack_field(now_ms)])
+        now = pack_field(now_ms)
+
+        async def call(ix: list[int]) -> list[Any]:
+            return await self._claim(keys=[keys.job(job_ids[i]) for i in ix], args=[now])  # type: ignore[no-any-return]
+
+        replies = await self._per_shard(job_ids, call)
         out: list[Job | None] = []
         for flat in replies:
             if not flat:
@@ -301,9 +293,13 @@ class JobQueue:
         """Before a batch runs: count first device starts; return each job's raw status."""
         if not job_ids:
             return []
-        return await self._start(
-            keys=[keys.job(j) for j in job_ids], args=["1" if f else "0" for f in first]
-        )
+
+        async def call(ix: list[int]) -> list[Any]:
+            return await self._start(  # type: ignore[no-any-return]
+                keys=[keys.job(job_ids[i]) for i in ix], args=["1" if first[i] else "0" for i in ix]
+            )
+
+        return await self._per_shard(job_ids, call)
 
     @unavailable
     async def take_over(
@@ -321,7 +317,7 @@ class JobQueue:
         its idle time resets, and the others' XCLAIM skips it.
         """
         taken: list[Entry] = []
-        for s in keys.streams(model):
+        for s in self.streams(model):
             ids: list[bytes | str | int | memoryview] = []
             for name in dead:
                 pending = await self.redis.xpending_range(
@@ -344,19 +340,6 @@ class JobQueue:
         return taken
 
     @unavailable
-    async def consumers(self, model: str) -> dict[str, int]:
-        """Consumer name → pending count, over all lanes."""
-        out: dict[str, int] = {}
-        for s in keys.streams(model):
-            try:
-                for c in await self.redis.xinfo_consumers(s, keys.GROUP):
-                    name = _s(c["name"])
-                    out[name] = out.get(name, 0) + int(c.get("pending", 0))
-            except ResponseError:
-                continue
-        return out
-
-    @unavailable
     async def ack(self, entries: Sequence[Entry]) -> None:
         if entries:
             async with self.redis.pipeline(transaction=False) as p:
@@ -371,28 +354,37 @@ class JobQueue:
         job i's device start was counted by this worker, which stops cleanly: take it back,
         so a graceful stop never makes a healthy job look like one that kills workers."""
         flags = list(uncount) or [False] * len(entries)
+        calls = [
+            (
+                [keys.job(e.job_id), e.stream],
+                [keys.GROUP, e.entry_id, e.job_id, "1" if flag else "0"],
+            )
+            for e, flag in zip(entries, flags, strict=True)
+        ]
+        if self.cluster:
+            await asyncio.gather(*(self._hand_back(keys=k, args=a) for k, a in calls))
+            return
         async with self.redis.pipeline(transaction=False) as p:
-            for e, flag in zip(entries, flags, strict=True):
-                await self._hand_back(
-                    keys=[keys.job(e.job_id), e.stream],
-                    args=[keys.GROUP, e.entry_id, e.job_id, "1" if flag else "0"],
-                    client=p,
-                )
+            for k, a in calls:
+                await self._hand_back(keys=k, args=a, client=p)
             await p.execute()
 
     @unavailable
     async def finish(self, finals: Sequence[Final]) -> list[int]:
-        """Write every final outcome and ack its entry: one atomic script call per model (a
-        worker serves one), so a dead-letter entry, the final state, the completion message
+        """Write every final outcome and ack its entry: one atomic script call per model shard
+        (a worker serves one model), so a dead-letter entry, the final state, the completion message
         and the ack land together or not at all."""
         if not finals:
             return []
-        by_model: dict[str, list[Final]] = {}
+        by_shard: dict[tuple[str, int], list[Final]] = {}
         for f in finals:
-            by_model.setdefault(f.model, []).append(f)
+            by_shard.setdefault((f.model, shard_of(f.job_id)), []).append(f)
         outcome: dict[str, int] = {}
-        for model, group in by_model.items():
-            script_keys, argv = self._finish_args(model, group)
+
+        async def call(model: str, shard: int, group: list[Final]) -> None:
+            script_keys, argv = self._finish_args(model, shard, group)
             results = await self._finish(keys=script_keys, args=argv)
             outcome.update((f.job_id, int(r)) for f, r in zip(group, results, strict=True))
+
+        await asyncio.gather(*(call(m, sh, g) for (m, sh), g in by_shard.items()))
         return [outcome[f.job_id] for f in finals]

@@ -19,22 +19,25 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 from urllib.parse import urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.backoff import ExponentialBackoff, NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import (
+    ClusterDownError,
     MasterDownError,
     OutOfMemoryError,
     ReadOnlyError,
     ResponseError,
+    SlotNotCoveredError,
     TryAgainError,
 )
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from inferq.shared.errors import QueueUnavailable
@@ -50,6 +53,8 @@ REDIS_DOWN: tuple[type[BaseException], ...] = (
     OutOfMemoryError,
     MasterDownError,
     TryAgainError,
+    ClusterDownError,
+    SlotNotCoveredError,  # no live node serves a slot (mid-failover)
     OSError,
 )
 # Redis before 7 reports a write refused inside a Lua script as a generic script error
@@ -193,6 +198,19 @@ def _via_sentinels(
     return client
 
 
+def _cluster(url: str, policy: dict[str, Any]) -> Redis:
+    """A Redis Cluster client from one node's URL; `policy` as for a plain client."""
+    node = {
+        k: v
+        for k, v in policy.items()
+        if k in ("socket_timeout", "socket_connect_timeout", "max_connections", "retry")
+    }
+    # A failed-over master answers nothing for a few seconds; the client reloads the slot map
+    # between attempts, so a few tries ride out a failover without failing a request.
+    client = RedisCluster.from_url(url, cluster_error_retry_attempts=3, **node, **_tls_kwargs(url))
+    return cast(Redis, client)  # the commands inferq uses exist on both
+
+
 def api_client(
     url: str,
     *,
@@ -200,6 +218,7 @@ def api_client(
     pool_size: int,
     sentinels: Sequence[str] = (),
     sentinel_master: str = DEFAULT_MASTER,
+    cluster: bool = False,
 ) -> Redis:
     """Pooled client for request handlers: waits for a free connection, never 'Too many'."""
     policy: dict[str, Any] = {
@@ -210,6 +229,9 @@ def api_client(
         "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 1),
         "retry_on_error": list(RETRY_ON),
     }
+    if cluster:
+        # Per node, and a cluster client raises past it instead of waiting: room for bursts.
+        return _cluster(url, policy | {"max_connections": 4 * pool_size})
     if sentinels:
         return _via_sentinels(url, sentinels, sentinel_master, BlockingSentinelPool, **policy)
     pool = BlockingConnectionPool.from_url(url, **policy, **_tls_kwargs(url))
@@ -222,6 +244,7 @@ def pubsub_client(
     connect_timeout_s: float,
     sentinels: Sequence[str] = (),
     sentinel_master: str = DEFAULT_MASTER,
+    cluster: bool = False,
 ) -> Redis:
     """For the one long-lived subscriber per process: reads may idle indefinitely."""
     policy: dict[str, Any] = {
@@ -229,6 +252,8 @@ def pubsub_client(
         "socket_connect_timeout": connect_timeout_s,
         "retry": Retry(ExponentialBackoff(cap=0.5), 0),
     }
+    if cluster:
+        return _cluster(url, policy)
     if sentinels:
         return _via_sentinels(url, sentinels, sentinel_master, SentinelConnectionPool, **policy)
     return Redis.from_url(url, **policy, **_tls_kwargs(url))
@@ -240,6 +265,7 @@ def worker_client(
     block_ms: int,
     sentinels: Sequence[str] = (),
     sentinel_master: str = DEFAULT_MASTER,
+    cluster: bool = False,
 ) -> Redis:
     """Worker client; the socket timeout comfortably exceeds any BLOCK we issue."""
     policy: dict[str, Any] = {
@@ -249,6 +275,8 @@ def worker_client(
         # handles connection errors itself (re-reads its PEL after reconnecting).
         "retry": Retry(ExponentialBackoff(), 0),
     }
+    if cluster:
+        return _cluster(url, policy)
     if sentinels:
         return _via_sentinels(url, sentinels, sentinel_master, SentinelConnectionPool, **policy)
     return Redis.from_url(url, **policy, **_tls_kwargs(url))

@@ -14,6 +14,7 @@ resumes must not steal back what another worker took over; it learns they are lo
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from typing import Any
 
 import orjson
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from inferq.shared import keys, scripts
 from inferq.shared.redis_conn import unavailable
@@ -152,18 +154,40 @@ class WorkerRegistry:
         argv: list[str | int] = [keys.GROUP, beat.id]
         for ids in held.values():
             argv += [len(ids), *ids]
+        cluster = isinstance(self.redis, RedisCluster)
         async with self.redis.pipeline(transaction=False) as p:
             p.hset(keys.worker(beat.id), mapping=beat.to_hash())  # type: ignore[arg-type]
             p.pexpire(keys.worker(beat.id), ttl_ms)
             p.zadd(keys.workers(beat.model), {beat.id: beat.beat_ms + ttl_ms})
             p.zremrangebyscore(keys.workers(beat.model), "-inf", beat.beat_ms)
-            if held:
+            if held and not cluster:
                 await self._refresh(keys=list(held), args=argv, client=p)
             replies = await p.execute()
         if not held:
             return {}
+        if cluster:  # no scripts in a cluster pipeline, and one slot (shard) per call
+            return await self._refresh_by_shard(beat.id, held)
         lost = zip(held, replies[-1], strict=True)
         return {s: [_text(i) for i in ids] for s, ids in lost if ids}
+
+    async def _refresh_by_shard(
+        self, consumer: str, held: dict[str, list[str]]
+    ) -> dict[str, list[str]]:
+        by_tag: dict[str, dict[str, list[str]]] = {}
+        for stream, ids in held.items():
+            by_tag.setdefault(stream[: stream.index("}") + 1], {})[stream] = ids
+
+        async def one(part: dict[str, list[str]]) -> dict[str, list[str]]:
+            argv: list[str | int] = [keys.GROUP, consumer]
+            for ids in part.values():
+                argv += [len(ids), *ids]
+            reply = await self._refresh(keys=list(part), args=argv)
+            return {s: [_text(i) for i in ids] for s, ids in zip(part, reply, strict=True) if ids}
+
+        lost: dict[str, list[str]] = {}
+        for part in await asyncio.gather(*(one(p) for p in by_tag.values())):
+            lost |= part
+        return lost
 
     @unavailable
     async def describe(self, model: str, info: ModelInfo) -> None:

@@ -124,6 +124,18 @@ class Settings(BaseSettings):
     redis_sentinel_master: str = Field(
         "mymaster", description="The master's name as the sentinels know it."
     )
+    redis_cluster: bool = Field(
+        False,
+        description="INFERQ_REDIS_URL is one node of a Redis Cluster: clients follow the slot map "
+        "and its failovers. Every script's keys share a hash tag (see docs/architecture.md).",
+    )
+    stream_shards: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Streams each model's queue is spread over (each with its own hash tag, so "
+        "on a cluster a hot model uses several nodes). The same number on every API and worker.",
+    )
     redis_wait_replicas: int = Field(
         0,
         ge=0,
@@ -347,6 +359,11 @@ class Settings(BaseSettings):
     def _check(self) -> Settings:
         for spec in [self.model, *self.models]:
             ModelSpec(spec)  # raises ValueError naming the bad spec
+        if self.redis_cluster and self.redis_sentinels:
+            raise ValueError(
+                "INFERQ_REDIS_CLUSTER and INFERQ_REDIS_SENTINELS exclude each other: a cluster "
+                "fails over by itself"
+            )
         if self.read_block_ms / 1000 >= self.heartbeat_ttl_s:
             raise ValueError(
                 "read_block_ms must stay below heartbeat_ttl_s, or a idle worker looks dead"

@@ -2,7 +2,8 @@
 
 - read: our own pending entries first (delivered before a crash or reconnect, guide #1),
   then new ones; with a backlog lane by lane (`inferq.worker.lanes`), so priorities decide
-  who gets into the batcher, else one blocking read over every lane;
+  who gets into the batcher, else one blocking read over every lane; with several queue
+  shards, over every shard (on a Redis Cluster, one read per shard: `shard_reads`);
 - take over: on a schedule, claim the entries of consumers whose heartbeat is gone (with an
   idle guard, so two live workers never both win) and of any stuck past the visibility
   timeout;
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,7 @@ from inferq.worker.models.base import (
     Prepared,
     Tensor,
 )
+from inferq.worker.shard_reads import ShardReads
 from inferq.worker.state import JobState, Work
 
 log = logging.getLogger("inferq.worker")
@@ -79,6 +81,11 @@ class Intake:
         self._backlog = True  # until a read comes back short, assume work is waiting
         self._reads = 0
         self._next_takeover = 0.0
+        # Which shards one XREADGROUP may name together: all of them on one Redis; one at a
+        # time on a cluster (a read's streams must share a slot).
+        n = queue.shards
+        self._groups = [(s,) for s in range(n)] if queue.cluster else [tuple(range(n))]
+        self._blocking = ShardReads()
         # One thread: a job's inputs are prepared in order; the model has its own threads.
         self._prepare = ThreadPoolExecutor(1, thread_name_prefix="inferq-prepare")
 
@@ -107,27 +114,52 @@ class Intake:
     async def _read(self, room: int) -> list[Entry]:
         count = min(room, self.settings.max_batch_size)
         read = self.queue.read
+        # Shards in turn go first, so a busy shard never starves the others.
+        turn = self._reads % len(self._groups)
+        groups = self._groups[turn:] + self._groups[:turn]
         if self._pending:
-            return await read(
-                self.model_name, self.consumer, count=count, block_ms=None, pending=True
-            )
-        got: list[Entry] = []
-        if self._backlog:
-            for lane in lane_order(self._reads):
+            got: list[Entry] = []
+            for g in groups:
                 got += await read(
-                    self.model_name, self.consumer, count=count - len(got), block_ms=None,
-                    lanes=(lane,),
+                    self.model_name, self.consumer, count=count, block_ms=None, pending=True,
+                    shards=g,
                 )  # fmt: skip
+            return got
+        got = []
+        if self._backlog or len(groups) > 1:
+            for lane in lane_order(self._reads):
+                for g in groups:
+                    got += await read(
+                        self.model_name, self.consumer, count=count - len(got), block_ms=None,
+                        lanes=(lane,), shards=g,
+                    )  # fmt: skip
+                    if len(got) >= count:
+                        break
                 if len(got) >= count:
                     break
             self._reads += 1
         if not got:
-            # No backlog: one blocking read over every lane answers as soon as anything arrives.
-            got = await read(
-                self.model_name, self.consumer, count=count, block_ms=self.settings.read_block_ms
-            )
+            # No backlog: a blocking read over every lane answers as soon as anything arrives.
+            block_ms = self.settings.read_block_ms
+            if len(groups) == 1:
+                got = await read(
+                    self.model_name, self.consumer, count=count, block_ms=block_ms, shards=groups[0]
+                )
+            else:
+
+                def one(shard: int) -> Awaitable[list[Entry]]:
+                    return read(
+                        self.model_name, self.consumer, count=count, block_ms=block_ms,
+                        shards=(shard,),
+                    )  # fmt: skip
+
+                got = await self._blocking.next((g[0] for g in groups), one, block_ms / 1000 + 1)
         self._backlog = len(got) >= count
         return got
+
+    async def settle(self) -> list[Entry]:
+        """At stop: the entries that blocking reads still in flight deliver (to hand back)."""
+        return await self._blocking.settle()
 
     async def _take_over(self) -> list[Entry]:
         """Claim entries of consumers whose heartbeat is gone, and of any stuck past the timeout."""

@@ -79,6 +79,7 @@ async def serve(
         block_ms=settings.read_block_ms,
         sentinels=settings.redis_sentinels,
         sentinel_master=settings.redis_sentinel_master,
+        cluster=settings.redis_cluster,
     )
     ceiling, reason, calibration = resolve_ceiling(
         settings, model, model_name, device, model_threads

@@ -80,7 +80,9 @@ class Worker:
         self.backend, self.calibration, self.ceiling_reason = backend, calibration, ceiling_reason
         self.clock = clock or SystemClock()
         self.consumer = settings.consumer_name(device, model_name)
-        self.queue = JobQueue(redis, result_ttl_s=settings.result_ttl_s)
+        self.queue = JobQueue(
+            redis, result_ttl_s=settings.result_ttl_s, shards=settings.stream_shards
+        )
         self.registry = WorkerRegistry(redis)
         max_cost = model.max_cost or 1
         top = max(ceiling or settings.max_batch_tokens, max_cost)
@@ -220,6 +222,11 @@ class Worker:
                 backoff.reset()
                 if admission is not None:
                     self._apply(admission)
+            # Reads still in flight on other shards: hold what they bring, so the drain
+            # hands it back instead of leaving it in this worker's pending list.
+            if late := [e for e in await self.intake.settle() if not self.book.knows(e.job_id)]:
+                with contextlib.suppress(QueueUnavailable):
+                    self._apply(await self.intake.admit(late))
         finally:
             self._consumed.set()
 

@@ -115,7 +115,7 @@ class InProcess:
     ) -> str:
         """A job as the API would submit it; `attempts` > 0 makes it a suspect."""
         job = Job(
-            id=new_job_id(), model="echo", inputs=list(texts), priority=priority,
+            id=new_job_id("echo"), model="echo", inputs=list(texts), priority=priority,
             attempts=attempts, deadline_ms=deadline_ms,
         )  # fmt: skip
         assert (await self.queue.submit(job)).outcome == "created"

@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import redis
@@ -79,11 +79,17 @@ class Proc:
 class Stack:
     """Starts inferq processes against one Redis URL; stops them all at teardown."""
 
-    def __init__(self, redis_url: str, tmp: Path) -> None:
+    def __init__(self, redis_url: str, tmp: Path, *, cluster: bool = False) -> None:
         self.redis_url = redis_url
         self.tmp = tmp
+        self.cluster = cluster
         self.procs: list[Proc] = []
-        self.r = redis.Redis.from_url(redis_url)
+        # The commands tests use exist on both; a cluster client routes them by key.
+        self.r: redis.Redis = (
+            cast(redis.Redis, redis.RedisCluster.from_url(redis_url))
+            if cluster
+            else redis.Redis.from_url(redis_url)
+        )
 
     def env(self, **overrides: Any) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
@@ -96,6 +102,8 @@ class Stack:
             INFERQ_READ_BLOCK_MS="200",
             PYTHONUNBUFFERED="1",
         )
+        if self.cluster:
+            env["INFERQ_REDIS_CLUSTER"] = "true"
         env.update({f"INFERQ_{k.upper()}": str(v) for k, v in overrides.items()})
         return env
 

@@ -117,11 +117,11 @@ def test_the_cache_stays_within_its_byte_bound_and_never_evicts_jobs(stack: Stac
     cap = 160  # three or four small echo outputs (~40 bytes each)
     base = stack.api(cache_ttl_s=60, cache_max_bytes=cap)
     ids = [_infer(base, {"input": f"sentence number {i}"})["id"] for i in range(12)]
-    held = int(stack.r.get(keys.cache_bytes()) or 0)
-    entries = stack.r.zrange(keys.cache_index(), 0, -1)
+    held = int(stack.r.get(keys.cache_bytes("echo")) or 0)
+    entries = stack.r.zrange(keys.cache_index("echo"), 0, -1)
     assert 0 < held <= cap
     assert 1 <= len(entries) < 12  # older entries went to make room
-    sizes = {k: int(v) for k, v in stack.r.hgetall(keys.cache_sizes()).items()}
+    sizes = {k: int(v) for k, v in stack.r.hgetall(keys.cache_sizes("echo")).items()}
     assert set(sizes) == set(entries) and sum(sizes.values()) == held
     for key in entries:
         assert msgpack.unpackb(stack.r.get(key))  # every indexed entry is really there

@@ -277,9 +277,12 @@ def _fail_over_twice(
     }
 
 
-def _audit(load: Load, r: redis.Redis, run_log: Path) -> dict[str, list[str]]:
+def _audit(
+    load: Load, r: redis.Redis, run_log: Path, job_keys: list[bytes] | None = None
+) -> dict[str, list[str]]:
     """Every acknowledged job against the surviving master, the worker's runs and what the
-    clients saw (see the module docstring for what each list means)."""
+    clients saw (see the module docstring for what each list means). `job_keys`: every job
+    record's key, where a scan of `r` would not list each once (a cluster)."""
     ids = sorted(load.accepted)
     finals: dict[str, Job | None] = {}
 
@@ -298,7 +301,7 @@ def _audit(load: Load, r: redis.Redis, run_log: Path) -> dict[str, list[str]]:
         and j.outputs.tolist() == right[i]
     ]
     per_text: collections.Counter[str] = collections.Counter()
-    for key in r.scan_iter(match=keys.job("*"), count=1000):
+    for key in job_keys if job_keys is not None else r.scan_iter(match=keys.job("*"), count=1000):
         raw = r.hgetall(key)
         if raw and (job := decode_job(raw)).inputs and isinstance(job.inputs[0], str):
             per_text[job.inputs[0]] += 1

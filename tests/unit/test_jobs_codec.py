@@ -4,6 +4,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from inferq.shared import keys
 from inferq.shared.errors import CodecError
 from inferq.shared.jobs import (
     SCHEMA_VERSION,
@@ -21,11 +22,15 @@ def _roundtrip(fields: dict[str, bytes]) -> Job:
     return decode_job({k.encode(): v for k, v in fields.items()})
 
 
-def test_job_ids_are_random_urlsafe_128_bits() -> None:
-    ids = {new_job_id() for _ in range(1000)}
+def test_job_ids_are_their_shard_then_random_urlsafe_128_bits() -> None:
+    ids = {new_job_id("my.model-1", 3) for _ in range(1000)}
     assert len(ids) == 1000
     for i in ids:
-        assert len(i) == 22 and all(c.isalnum() or c in "-_" for c in i)
+        assert i.startswith("my.model-1.3.")
+        rest = i.removeprefix("my.model-1.3.")
+        assert len(rest) == 22 and all(c.isalnum() or c in "-_" for c in rest)
+        assert keys.job_shard(i) == ("my.model-1", 3)
+        assert keys.job(i) == f"inferq:job:{{my.model-1.3}}.{rest}"
 
 
 def test_submit_then_final_roundtrip_keeps_float32_bytes() -> None:

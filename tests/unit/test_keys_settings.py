@@ -8,9 +8,11 @@ from inferq.shared.settings import ModelSpec, Settings
 
 
 def test_key_layout_is_pinned() -> None:
-    assert keys.stream("minilm") == "inferq:minilm:jobs"
-    assert keys.dead("minilm") == "inferq:minilm:dead"
-    assert keys.job("abc") == "inferq:job:abc"
+    assert keys.stream("minilm") == "inferq:{minilm.0}:jobs"
+    assert keys.stream("minilm", "high") == "inferq:{minilm.0}:jobs:high"
+    assert keys.dead("minilm") == "inferq:{minilm.0}:dead"
+    assert keys.job("abc") == "inferq:job:abc"  # not a job id inferq makes: untagged
+    assert keys.job("minilm.0.xYz-_1") == "inferq:job:{minilm.0}.xYz-_1"
     assert keys.done_channel("abc") == "inferq:done:abc"
     assert keys.DONE_PATTERN == "inferq:done:*"
     assert keys.job_id_from_channel(keys.done_channel("a-b_c")) == "a-b_c"
@@ -62,3 +64,21 @@ def test_default_model_is_always_served() -> None:
 def test_settings_refuse_bad_values(kwargs: dict) -> None:
     with pytest.raises(ValidationError):
         Settings(**kwargs)
+
+
+def test_shard_tags_spread_over_the_slot_space_and_job_ids_find_their_shard() -> None:
+    from redis.crc import key_slot
+
+    for n in (2, 3, 4, 7, 16):  # one shard: its tag is just `<model>.0`, anywhere
+        for s in range(n):
+            t = keys.tag("my.model-1", s, n)
+            slot = key_slot(t.encode())
+            # The middle half of the shard's share: equal master ranges put shards apart.
+            share = keys.SLOTS / n
+            assert s * share + share / 4 - 1 <= slot < (s + 1) * share - share / 4 + 1, (n, s, t)
+            job_id = f"{t}.AbC-_9"
+            assert keys.job_shard(job_id) == ("my.model-1", s)
+            assert key_slot(keys.job(job_id).encode()) == slot
+            assert key_slot(keys.stream("my.model-1", "low", s, n).encode()) == slot
+    for other in ("abc", "a.b", ".0.x", "m.x.y", "m.0.", "m.~1.x"):
+        assert keys.job_shard(other) is None, other
