@@ -19,6 +19,9 @@ Why nothing is lost or doubled when a process dies at any point:
   finalize re-run after a crash writes the same files, and two holders racing (a paused
   process whose lease lapsed) write the same bytes and count each line once.
 - The final status is set once (`batch_store.FINISH` does nothing to an ended batch).
+  The batch then leaves `keys.BATCHES_ACTIVE` in a step of its own (another cluster slot):
+  if its holder dies in between, the next process to take the lease finds the record final
+  and drops it then.
 """
 
 from __future__ import annotations
@@ -159,7 +162,8 @@ class BatchRunner:
                     return
                 run = BatchRun(rec, self.store, self.files, self.jobs, self.metrics)
                 self._runs[batch_id] = run
-                await run.run()
+                await run.run()  # the record is final now (FINISH)
+                await self.store.deactivate(batch_id)
                 return
             except Gone:
                 return

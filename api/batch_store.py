@@ -6,6 +6,12 @@ its counts `completed` and `failed` move only together with the line results the
 (`RECORD`: HSETNX per line, so a line recorded twice counts once), and every status change
 is a guarded script: from the statuses it may leave, never out of a final one.
 
+Cluster slots: a batch's keys share the tag `{batch id}`, so each script and MULTI here
+touches one slot. The tenant's index and `BATCHES_ACTIVE` are in slots of their own and are
+written in steps of their own, after the record (`create`, `deactivate`): an id is listed
+or active only once its record exists, and readers drop an entry whose record is gone
+(`page`) or, from `BATCHES_ACTIVE`, final (`BatchRunner`).
+
 The routes (`inferq.api.batches`) create, read and cancel records; the batch runner
 (`inferq.api.batch_runner`, `inferq.api.batch_run`) takes leases, records results and ends
 batches. Lua lives here rather than in `inferq.shared.scripts` because only the API's batch
@@ -24,12 +30,12 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
-from inferq.api.files import index_ids, index_rank
+from inferq.api.files import BATCH_FINAL, index_ids, index_rank
 from inferq.shared import keys
 from inferq.shared.errors import JobConflict, JobNotFound
 from inferq.shared.redis_conn import unavailable
 
-FINAL = ("completed", "failed", "expired", "cancelled")
+FINAL = BATCH_FINAL
 WINDOWS = {"24h": 86_400}  # completion_window → seconds; OpenAI offers only 24h
 RESULTS_GRACE_S = 300  # line results kept after the files are written (see FINISH)
 TIMESTAMPS = (
@@ -72,10 +78,11 @@ return {ok, err}
 """
 )
 
-# KEYS: batch, results, active set. ARGV: status, timestamp field, now, output file id,
-# error file id, errors JSON ('' for none), batch id, grace s. The files hold the results
-# now; the hash stays `RESULTS_GRACE_S` more, so a paused ex-holder that finalizes late
-# still writes the same bytes. → 1 if this call ended the batch, 0 if it had ended already.
+# KEYS: batch, results. ARGV: status, timestamp field, now, output file id, error file id,
+# errors JSON ('' for none), grace s. The files hold the results now; the hash stays
+# `RESULTS_GRACE_S` more, so a paused ex-holder that finalizes late still writes the same
+# bytes. → 1 if this call ended the batch, 0 if it had ended already. `BATCHES_ACTIVE` is in
+# another slot, so the batch leaves it in a step of its own (`BatchStore.deactivate`).
 FINISH = (
     _LUA_FINAL
     + """
@@ -84,11 +91,21 @@ if not st or FINAL[st] then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], ARGV[2], ARGV[3],
   'output_file_id', ARGV[4], 'error_file_id', ARGV[5])
 if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'errors', ARGV[6]) end
-redis.call('SREM', KEYS[3], ARGV[7])
-redis.call('EXPIRE', KEYS[2], ARGV[8])
+redis.call('EXPIRE', KEYS[2], ARGV[7])
 return 1
 """
 )
+
+# KEYS: file, its content. ARGV: ttl_s, expires_at. A batch's input must outlive the batch
+# (a runner that takes over reads it again): keep it as long, if it is still there (a file
+# deleted meanwhile is not brought back as a hash of one field). → 1 if it is there.
+KEEP = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'expires_at', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[1])
+return 1
+"""
 
 # KEYS: lease. ARGV: owner, ms. Extend the lease only if we still hold it.
 RENEW = """
@@ -188,6 +205,7 @@ class BatchStore:
         self._finish = redis.register_script(FINISH)
         self._renew = redis.register_script(RENEW)
         self._release = redis.register_script(RELEASE)
+        self._keep = redis.register_script(KEEP)
 
     # --- records ---
     @unavailable
@@ -211,18 +229,31 @@ class BatchStore:
             "metadata": orjson.dumps(metadata).decode() if metadata else "",
         }  # fmt: skip
         rec = BatchRecord(fields)
-        index = keys.batches(tenant)
+        # One slot per step (a cluster runs a script or a MULTI on one slot only), in an
+        # order that leaves, wherever this process dies, only what readers already handle:
+        # 1. the input file is kept as long as the batch: alone, a file lives longer;
+        # 2. the record: alone, a batch nobody was told of, gone after its TTL;
+        # 3. BATCHES_ACTIVE: only once the record is there, so a runner that finds the id
+        #    finds the record (a runner drops an id whose record is gone or final);
+        # 4. the tenant's index, last: a batch that runs is at worst unlisted (readable by
+        #    id), never listed and left `validating` with no runner to start it. An index
+        #    entry whose record is gone is dropped by `page`.
+        kept = await self._keep(
+            keys=[keys.file(input_file_id), keys.file_content(input_file_id)],
+            args=[self.ttl_s, str(created + self.ttl_s)],
+        )
+        if not kept:
+            raise JobNotFound(f"no file {input_file_id!r}")  # deleted since the route read it
         async with self.redis.pipeline(transaction=True) as p:
             p.hset(keys.batch(rec.id), mapping=fields)  # type: ignore[arg-type]
             p.expire(keys.batch(rec.id), self.ttl_s)
+            await p.execute()
+        await self.redis.sadd(keys.BATCHES_ACTIVE, rec.id)
+        index = keys.batches(tenant)
+        async with self.redis.pipeline(transaction=True) as p:
             p.zadd(index, {rec.id: now})
             p.zremrangebyscore(index, "-inf", f"({now - self.ttl_s}")
             p.expire(index, self.ttl_s)
-            # The input must outlive the batch: a runner that takes over reads it again.
-            for key in (keys.file(input_file_id), keys.file_content(input_file_id)):
-                p.expire(key, self.ttl_s)
-            p.hset(keys.file(input_file_id), "expires_at", str(created + self.ttl_s))
-            p.sadd(keys.BATCHES_ACTIVE, rec.id)
             await p.execute()
         return rec
 
@@ -280,6 +311,9 @@ class BatchStore:
 
     @unavailable
     async def deactivate(self, batch_id: str) -> None:
+        """Drop a batch whose record is final or gone from `BATCHES_ACTIVE`: a step of its
+        own after `finish` (another slot); if it never comes, the next runner to take the
+        batch finds the record final and does it."""
         await self.redis.srem(keys.BATCHES_ACTIVE, batch_id)
 
     @unavailable
@@ -334,10 +368,11 @@ class BatchStore:
         error_file_id: str = "",
         errors: list[dict[str, Any]] | None = None,
     ) -> bool:
+        """End the batch (its slot only); its runner then drops it from `BATCHES_ACTIVE`."""
         body = orjson.dumps({"object": "list", "data": errors}).decode() if errors else ""
         args: list[str | int] = [
             status, f"{status}_at", str(int(time.time())), output_file_id, error_file_id, body,
-            batch_id, RESULTS_GRACE_S,
+            RESULTS_GRACE_S,
         ]  # fmt: skip
-        script_keys = [keys.batch(batch_id), keys.batch_results(batch_id), keys.BATCHES_ACTIVE]
+        script_keys = [keys.batch(batch_id), keys.batch_results(batch_id)]
         return bool(await self._finish(keys=script_keys, args=args))

@@ -40,6 +40,8 @@ router = APIRouter(prefix="/v1", tags=["files"])
 CHUNK_BYTES = 1 << 20  # per Redis call: bounds each reply (reliability guide #17)
 FRAMING_BYTES = 64 * 1024  # multipart boundaries, part headers and the purpose field
 PURPOSES = ("batch",)  # what clients may upload; "batch_output" files are ours
+# A batch's final statuses (`batch_store.FINAL`): `delete` reads batch records too.
+BATCH_FINAL = ("completed", "failed", "expired", "cancelled")
 
 
 def _s(v: bytes | str) -> str:
@@ -154,9 +156,15 @@ class FileStore:
             "id": rec.id, "tenant": rec.tenant, "filename": rec.filename, "purpose": rec.purpose,
             "bytes": rec.size, "created_at": rec.created_at, "expires_at": rec.expires_at,
         }  # fmt: skip
+        # The record and the index are in different cluster slots: two steps, the record
+        # first. Dying in between leaves a whole file that is not listed (gone after its TTL;
+        # a batch's finalize, re-run, publishes it again); never an index entry that a
+        # concurrent `page` could drop as expired while its record is being written.
         async with self.redis.pipeline(transaction=True) as p:
             p.hset(keys.file(rec.id), mapping=fields)  # type: ignore[arg-type]
             p.expire(keys.file(rec.id), self.ttl_s)
+            await p.execute()
+        async with self.redis.pipeline(transaction=True) as p:
             p.zadd(index, {rec.id: score})
             # Index members outlive nothing: past the TTL their files are gone.
             p.zremrangebyscore(index, "-inf", f"({score - self.ttl_s}")
@@ -226,22 +234,26 @@ class FileStore:
     @unavailable
     async def delete(self, file_id: str, tenant: str) -> None:
         await self.get(file_id, tenant)
-        # A batch still running reads its input file again if its runner is replaced.
+        # A batch still running reads its input file again if its runner is replaced. A
+        # batch whose record is final may linger in BATCHES_ACTIVE until a runner drops it
+        # (`BatchStore.deactivate`): it reads nothing more.
         active = [_s(b) for b in await self.redis.smembers(keys.BATCHES_ACTIVE)]
         if active:
             async with self.redis.pipeline(transaction=False) as p:
                 for b in active:
-                    p.hget(keys.batch(b), "input_file_id")
-                inputs = await p.execute()
-            for b, input_id in zip(active, inputs, strict=True):
-                if input_id is not None and _s(input_id) == file_id:
+                    p.hmget(keys.batch(b), ["input_file_id", "status"])
+                rows = await p.execute()
+            for b, (input_id, status) in zip(active, rows, strict=True):
+                running = status is not None and _s(status) not in BATCH_FINAL
+                if running and input_id is not None and _s(input_id) == file_id:
                     raise JobConflict(
                         f"file {file_id!r} is the input of batch {b!r}, still running"
                     )
-        async with self.redis.pipeline(transaction=True) as p:
-            p.delete(keys.file(file_id), keys.file_content(file_id))
-            p.zrem(keys.files(tenant), file_id)
-            await p.execute()
+        # The file's two keys share a slot (one DEL); the tenant's index is in another, so
+        # it goes second: dying in between leaves an index entry without its file, which
+        # `page` drops.
+        await self.redis.delete(keys.file(file_id), keys.file_content(file_id))
+        await self.redis.zrem(keys.files(tenant), file_id)
 
 
 async def _store(request: Request) -> FileStore:

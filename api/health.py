@@ -80,7 +80,7 @@ async def health_report(
         queues = await queue.lanes(models)
         now = now_ms()
         workers = await registry.beats(models, now)
-        webhooks = await webhook_counts(queue.redis)  # queued, retrying, dead-lettered
+        webhooks = await webhook_counts(queue.redis, models, queue.shards)  # queued, retrying, dead
     except QueueUnavailable as e:
         body = {
             "status": "down",

@@ -3,8 +3,10 @@ app's lifespan when a signing key is set).
 
 Why the API processes: a delivery is an HTTP call and some waiting, which is what their
 event loop already does all day; workers stay on the device (and may sit where there is no
-egress). Each API process is one consumer of `keys.webhooks()` in group `WEBHOOK_GROUP`,
-named uniquely (host:pid:random), so N processes share the deliveries with no setup.
+egress). Each API process is one consumer, in group `WEBHOOK_GROUP`, of every delivery
+stream (`keys.webhooks(model, shard)`: one per served model and queue shard), named uniquely
+(host:pid:random), so N processes share the deliveries with no setup. An entry is settled on
+its own shard: every script names one shard's keys (one hash tag, one slot of a cluster).
 
 Where a delivery can be when a process dies, and what happens then. Delivery is at least
 once, and a repeat carries the same `X-Inferq-Delivery`:
@@ -46,13 +48,16 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from inferq.api.webhook_scripts import (
+    BLOCK_MS,
     FORGET,
     PROMOTE,
     SETTLE,
     Entry,
+    Reader,
+    Shard,
     autoclaim,
     ensure_group,
-    parse_entries,
+    shards_of,
     to_str,
 )
 from inferq.api.webhooks import (
@@ -75,7 +80,6 @@ from inferq.shared.settings import Settings
 
 log = logging.getLogger("inferq.api.webhooks")
 
-BLOCK_MS = 1000  # XREADGROUP BLOCK: on its own connection (no socket timeout), see the app
 READ_MAX = 64  # entries per read, and per take-over pass
 PROMOTE_MAX = 100  # retries moved back per script call (keeps each call short)
 MAX_TICK_S = 1.0  # the upkeep loop wakes at least this often
@@ -116,6 +120,8 @@ class Dispatcher:
         self.claim_idle_ms = claim_idle_ms(settings)
         self._claim_every_s = min(MAX_TICK_S, max(0.05, self.claim_idle_ms / 4000))
         self._slots = asyncio.Semaphore(settings.webhook_concurrency)
+        self.shards = shards_of(settings.served_models, settings.stream_shards)
+        self.reader = Reader(blocking, self.shards, self.consumer)
         self._settle = self.redis.register_script(SETTLE)
         self._promote = self.redis.register_script(PROMOTE)
         self._forget = self.redis.register_script(FORGET)
@@ -179,25 +185,22 @@ class Dispatcher:
         for _ in range(n):
             self._slots.release()
 
-    def _spawn(self, entry: Entry, times_delivered: int = 1) -> None:
-        task = asyncio.create_task(self._deliver(entry, times_delivered))
+    def _spawn(self, shard: Shard, entry: Entry, times: int = 1, slot: bool = True) -> None:
+        task = asyncio.create_task(self._deliver(shard, entry, times, slot))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
     # --- the read loop ---
 
     @unavailable
-    async def _read(self, n: int) -> list[Entry]:
+    async def _read(self, n: int) -> list[tuple[Shard, Entry]]:
         try:
-            reply = await self.blocking.xreadgroup(
-                keys.WEBHOOK_GROUP, self.consumer, {keys.webhooks(): ">"}, count=n, block=BLOCK_MS
-            )
+            return await self.reader.read(n)
         except ResponseError as e:
             if "NOGROUP" not in str(e):
                 raise
-            await ensure_group(self.redis)  # flushed or evicted; the next read blocks again
+            await ensure_group(self.redis, self.shards)  # flushed or evicted; read again
             return []
-        return parse_entries(reply)
 
     async def _read_loop(self) -> None:
         """Take free slots; fill them with stale entries (take-over, when due) and then with
@@ -211,20 +214,24 @@ class Dispatcher:
             error: Exception | None = None
             try:
                 if not grouped:
-                    await ensure_group(self.redis)
+                    await ensure_group(self.redis, self.shards)
                     grouped = True
                 if clock() >= next_claim:
                     next_claim = clock() + self._claim_every_s
-                    taken = await autoclaim(self.redis, self.consumer, self.claim_idle_ms, n)
+                    taken = await autoclaim(
+                        self.redis, self.shards, self.consumer, self.claim_idle_ms, n
+                    )
                     if taken:
                         log.info("webhooks: took over %d stale deliveries", len(taken))
-                    for entry, times in taken:
-                        self._spawn(entry, times)
+                    for shard, entry, times in taken:
+                        self._spawn(shard, entry, times)
                         n -= 1
                 if n:
-                    for entry in await self._read(n):
-                        self._spawn(entry)
-                        n -= 1
+                    for shard, entry in await self._read(n):
+                        # One past the slots taken (see `Reader.read`) runs without a slot
+                        # rather than wait for one while pending: waiting risks a take-over.
+                        self._spawn(shard, entry, slot=n > 0)
+                        n = max(0, n - 1)
                 backoff.reset()
             except Exception as e:  # the loop's boundary: it must outlive any one failure
                 error = e
@@ -241,26 +248,31 @@ class Dispatcher:
 
     @unavailable
     async def _promote_due(self) -> float:
-        """Seconds until the next retry is due (at most MAX_TICK_S)."""
-        moved, next_ms = await self._promote(
-            keys=[keys.webhook_retry(), keys.webhooks()], args=[PROMOTE_MAX]
-        )
-        if int(moved) >= PROMOTE_MAX:
-            return 0.0
-        return MAX_TICK_S if int(next_ms) < 0 else min(MAX_TICK_S, int(next_ms) / 1000)
+        """Seconds until the next retry is due on any shard (at most MAX_TICK_S). One script
+        call per shard, never pipelined: a cluster pipeline refuses scripts."""
+        wait_s = MAX_TICK_S
+        for shard in self.shards:
+            moved, next_ms = await self._promote(
+                keys=[shard.retry, shard.stream], args=[PROMOTE_MAX]
+            )
+            if int(moved) >= PROMOTE_MAX:
+                wait_s = 0.0
+            elif int(next_ms) >= 0:
+                wait_s = min(wait_s, int(next_ms) / 1000)
+        return wait_s
 
     @unavailable
     async def _forget_idle_consumers(self) -> None:
         """Each API start adds a consumer name; remove those of long-gone processes."""
-        stream = keys.webhooks()
-        for c in await self.redis.xinfo_consumers(stream, keys.WEBHOOK_GROUP):
-            name = to_str(c["name"])
-            if (
-                name != self.consumer
-                and int(c["pending"]) == 0
-                and int(c["idle"]) > FORGET_AFTER_MS
-            ):
-                await self._forget(keys=[stream], args=[keys.WEBHOOK_GROUP, name])
+        for shard in self.shards:
+            for c in await self.redis.xinfo_consumers(shard.stream, keys.WEBHOOK_GROUP):
+                name = to_str(c["name"])
+                if (
+                    name != self.consumer
+                    and int(c["pending"]) == 0
+                    and int(c["idle"]) > FORGET_AFTER_MS
+                ):
+                    await self._forget(keys=[shard.stream], args=[keys.WEBHOOK_GROUP, name])
 
     async def _upkeep_loop(self) -> None:
         backoff = Backoff()
@@ -287,21 +299,22 @@ class Dispatcher:
 
     # --- one delivery ---
 
-    async def _deliver(self, entry: Entry, times_delivered: int) -> None:
-        """The task of one entry; it holds one slot until the entry is settled."""
+    async def _deliver(self, shard: Shard, entry: Entry, times: int, slot: bool) -> None:
+        """The task of one entry; it holds one slot (when given one) until it is settled."""
         try:
-            await self._handle(entry, times_delivered)
+            await self._handle(shard, entry, times)
         except QueueUnavailable as e:
             log.warning("webhook entry %s left for take-over: %s", entry[0], e)
         except Exception:  # the task's boundary: the entry stays pending, take-over counts it
             log.exception("webhook entry %s failed; left for take-over", entry[0])
         finally:
-            self._slots.release()
+            if slot:
+                self._slots.release()
 
-    async def _handle(self, entry: Entry, times_delivered: int) -> None:
+    async def _handle(self, shard: Shard, entry: Entry, times_delivered: int) -> None:
         entry_id, fields = entry
         if not fields:  # deleted while pending: nothing left to deliver
-            await self._settle_entry(entry_id, "done")
+            await self._settle_entry(shard, entry_id, "done")
             return
         job_id = to_str(fields.get(b"job", b""))
         record = fields.get(b"delivery")
@@ -312,22 +325,22 @@ class Dispatcher:
                 else await self._fresh(entry_id, job_id)
             )
         except CodecError as e:
-            await self._dead(entry_id, job_id, record or b"", str(e))
+            await self._dead(shard, entry_id, job_id, record or b"", str(e))
             return
         if d is None:  # the job has no webhook (a hand-written entry): nothing to do
-            await self._settle_entry(entry_id, "done")
+            await self._settle_entry(shard, entry_id, "done")
         elif not d.url:
-            await self._dead(entry_id, d.job, d.pack(), d.error)
+            await self._dead(shard, entry_id, d.job, d.pack(), d.error)
         elif times_delivered > MAX_DELIVERIES:
             reason = (
                 f"taken over {times_delivered - 1} times without an answer; not attempted again"
             )
-            await self._dead(entry_id, d.job, d.pack(), reason)
+            await self._dead(shard, entry_id, d.job, d.pack(), reason)
         else:
             started = time.perf_counter()
             outcome = await self.poster.attempt(d)
             self.metrics.webhook_attempt_seconds.observe(time.perf_counter() - started)
-            await self._conclude(entry_id, d, outcome)
+            await self._conclude(shard, entry_id, d, outcome)
 
     async def _fresh(self, entry_id: str, job_id: str) -> Delivery | None:
         """The first attempt's delivery, built from the job record: the body is snapshotted
@@ -340,28 +353,28 @@ class Dispatcher:
         url = (job.webhook or {}).get("url")
         return Delivery.of(job, entry_id, url) if url else None
 
-    async def _conclude(self, entry_id: str, d: Delivery, outcome: Outcome) -> None:
+    async def _conclude(self, shard: Shard, entry_id: str, d: Delivery, outcome: Outcome) -> None:
         if outcome.kind == "delivered":
-            if await self._settle_entry(entry_id, "done"):
+            if await self._settle_entry(shard, entry_id, "done"):
                 self.metrics.webhook_deliveries.labels(outcome="delivered").inc()
                 log.debug("webhook %s of job %s delivered (%s)", d.id, d.job, outcome.reason)
             return
         failed = d.failed(outcome.reason)
         if outcome.kind == "dead":
-            await self._dead(entry_id, d.job, failed.pack(), outcome.reason)
+            await self._dead(shard, entry_id, d.job, failed.pack(), outcome.reason)
             return
         max_age_s = self.settings.webhook_max_age_s
         now, deadline = now_ms(), d.ended_ms + int(max_age_s * 1000)
         if now >= deadline:
             reason = f"gave up after {failed.attempts} attempts over INFERQ_WEBHOOK_MAX_AGE_S={max_age_s:g}: {outcome.reason}"
-            await self._dead(entry_id, d.job, failed.pack(), reason)
+            await self._dead(shard, entry_id, d.job, failed.pack(), reason)
             return
         cap = self.settings.webhook_backoff_max_s
         delay = backoff_s(failed.attempts, self.settings.webhook_backoff_s, cap, self._rng)
         if outcome.retry_after_s is not None:  # the receiver asked for longer: up to the cap
             delay = max(delay, min(outcome.retry_after_s, cap))
         delay_ms = max(1, min(int(delay * 1000), deadline - now))  # one last try at the deadline
-        if await self._settle_entry(entry_id, "retry", delay_ms, failed.pack()):
+        if await self._settle_entry(shard, entry_id, "retry", delay_ms, failed.pack()):
             self.metrics.webhook_deliveries.labels(outcome="retried").inc()
             self._wake.set()
             log.info(
@@ -369,15 +382,19 @@ class Dispatcher:
                 d.id, d.job, failed.attempts, outcome.reason, delay_ms,
             )  # fmt: skip
 
-    async def _dead(self, entry_id: str, job_id: str, record: bytes, reason: str) -> None:
-        if await self._settle_entry(entry_id, "dead", DEAD_MAXLEN, job_id, record, reason):
+    async def _dead(
+        self, shard: Shard, entry_id: str, job_id: str, record: bytes, reason: str
+    ) -> None:
+        if await self._settle_entry(shard, entry_id, "dead", DEAD_MAXLEN, job_id, record, reason):
             self.metrics.webhook_deliveries.labels(outcome="dead").inc()
             log.warning("webhook of job %s dead-lettered: %s", job_id, reason)
 
     @unavailable
-    async def _settle_entry(self, entry_id: str, mode: str, *args: bytes | str | int) -> bool:
+    async def _settle_entry(
+        self, shard: Shard, entry_id: str, mode: str, *args: bytes | str | int
+    ) -> bool:
         done = await self._settle(
-            keys=[keys.webhooks(), keys.webhook_retry(), keys.webhook_dead()],
+            keys=[shard.stream, shard.retry, shard.dead],
             args=[keys.WEBHOOK_GROUP, self.consumer, entry_id, mode, *args],
         )
         return bool(done)

@@ -3,9 +3,11 @@
 A job submitted with `"webhook": {"url": ...}` is POSTed its final view (the JSON that
 `GET /v1/jobs/{id}` answers) once it ends, however it ends. Across modules:
 
-    FINISH / CACHED script ─XADD {job}─▶ keys.webhooks() ─XREADGROUP─▶ Dispatcher
+    FINISH / CACHED script ─XADD {job}─▶ keys.webhooks(model, shard) ─XREADGROUP─▶ Dispatcher
     (api/webhook_dispatch.py, in every API process) ─▶ Poster.attempt (here) ─▶ settle:
-    delivered: XACK+XDEL │ retry: keys.webhook_retry() (zset, due ms) │ dead: keys.webhook_dead()
+    delivered: XACK+XDEL │ retry: keys.webhook_retry(…) (zset, due ms) │ dead: keys.webhook_dead(…)
+
+(one set of keys per model and queue shard, the job's: see `webhook_scripts.Shard`)
 
 Every attempt carries `X-Inferq-Delivery` (the same on every attempt of one delivery:
 receivers de-duplicate on it), `X-Inferq-Timestamp` (unix seconds of this attempt) and

@@ -33,6 +33,8 @@ from inferq.shared.settings import Settings
 from tests.integration.stack import Stack, wait_for
 
 SECRET = "whsec-integration"
+# The stack serves one model, "echo", on one queue shard: its delivery keys.
+STREAM, RETRY, DEAD = keys.webhooks("echo"), keys.webhook_retry("echo"), keys.webhook_dead("echo")
 # Fast retries; an attempt gives up after 1 s, so a dead API's entry is taken over after 4 s.
 HOOKS = {
     "webhook_secret": SECRET,
@@ -149,7 +151,7 @@ def _verified(hit: Hit) -> bool:
 
 def _settled(stack: Stack) -> bool:
     """Nothing in the stream (new or in flight) and nothing waiting to retry."""
-    return stack.r.xlen(keys.webhooks()) == 0 and stack.r.zcard(keys.webhook_retry()) == 0
+    return stack.r.xlen(STREAM) == 0 and stack.r.zcard(RETRY) == 0
 
 
 def _deliveries(base: str) -> dict[str, float]:
@@ -227,8 +229,8 @@ def test_deliveries_survive_an_api_killed_mid_delivery(stack: Stack, receiver: R
     api = next(p for p in stack.procs if p.name == "api")
     api.popen.kill()  # well within the held attempt's 1 s timeout
     api.wait(10)
-    pending = stack.r.xpending_range(keys.webhooks(), keys.WEBHOOK_GROUP, "-", "+", 10)
-    in_flight = [stack.r.xrange(keys.webhooks(), p["message_id"], p["message_id"]) for p in pending]
+    pending = stack.r.xpending_range(STREAM, keys.WEBHOOK_GROUP, "-", "+", 10)
+    in_flight = [stack.r.xrange(STREAM, p["message_id"], p["message_id"]) for p in pending]
     # The held delivery is in the dead consumer's pending list: only a take-over can finish it.
     assert [{b"job": held.encode()}] in [_fields(e) for e in in_flight]
     receiver.failing = False
@@ -250,7 +252,7 @@ def test_dead_letters_after_max_age_and_on_refusal(stack: Stack, receiver: Recei
     failing = _submit(base, receiver.url("/fail"), "always 500")
     gone = _submit(base, receiver.url("/gone"), "410")
     wait_for(lambda: _health_hooks(base)["dead"] == 2, 15, "two dead letters in /v1/health")
-    dead = {e[b"job"].decode(): e for e in _fields(stack.r.xrange(keys.webhook_dead()))}
+    dead = {e[b"job"].decode(): e for e in _fields(stack.r.xrange(DEAD))}
     assert set(dead) == {failing, gone}
     assert "INFERQ_WEBHOOK_MAX_AGE_S=1:" in dead[failing][b"reason"].decode()
     assert dead[gone][b"reason"] == b"HTTP 410" and len(receiver.of(gone)) == 1  # at once
@@ -268,7 +270,7 @@ def test_dead_letters_after_max_age_and_on_refusal(stack: Stack, receiver: Recei
 @pytest.fixture
 async def redis(redis_url: str) -> AsyncIterator[Redis]:
     r = Redis.from_url(redis_url)
-    await r.xgroup_create(keys.webhooks(), keys.WEBHOOK_GROUP, id="0", mkstream=True)
+    await r.xgroup_create(STREAM, keys.WEBHOOK_GROUP, id="0", mkstream=True)
     yield r
     await r.aclose()
 
@@ -277,31 +279,31 @@ async def test_racing_promoters_move_each_due_retry_exactly_once(
     redis: Redis, redis_url: str
 ) -> None:
     records = {f"record-{i}".encode(): 0 for i in range(300)}  # all due
-    await redis.zadd(keys.webhook_retry(), records)  # type: ignore[arg-type]
-    await redis.zadd(keys.webhook_retry(), {b"later": 2**50})
+    await redis.zadd(RETRY, records)  # type: ignore[arg-type]
+    await redis.zadd(RETRY, {b"later": 2**50})
     clients = [Redis.from_url(redis_url) for _ in range(4)]
     promote = [c.register_script(PROMOTE) for c in clients]
-    script_keys = [keys.webhook_retry(), keys.webhooks()]
+    script_keys = [RETRY, STREAM]
     await asyncio.gather(*(p(keys=script_keys, args=[7]) for p in promote for _ in range(15)))
-    moved = [f[b"delivery"] for f in _fields(await redis.xrange(keys.webhooks()))]
+    moved = [f[b"delivery"] for f in _fields(await redis.xrange(STREAM))]
     assert sorted(moved) == sorted(records)  # every due one, none twice
-    assert await redis.zrange(keys.webhook_retry(), 0, -1) == [b"later"]
+    assert await redis.zrange(RETRY, 0, -1) == [b"later"]
     for c in clients:
         await c.aclose()
 
 
 async def test_settle_only_by_the_consumer_that_holds_the_entry(redis: Redis) -> None:
-    stream, group = keys.webhooks(), keys.WEBHOOK_GROUP
+    stream, group = STREAM, keys.WEBHOOK_GROUP
     await redis.xadd(stream, {"job": "j1"})
     entry_id = _first_id(await redis.xreadgroup(group, "slow", {stream: ">"}, count=1))
     await redis.xautoclaim(stream, group, "taker", 0, count=1)  # the slow one lost it
     settle = redis.register_script(SETTLE)
-    script_keys = [stream, keys.webhook_retry(), keys.webhook_dead()]
+    script_keys = [stream, RETRY, DEAD]
     late = await settle(keys=script_keys, args=[group, "slow", entry_id, "retry", 10, b"rec"])
-    assert late == 0 and await redis.zcard(keys.webhook_retry()) == 0
+    assert late == 0 and await redis.zcard(RETRY) == 0
     args = [group, "taker", entry_id, "dead", 100, "j1", b"rec", "HTTP 410"]
     assert await settle(keys=script_keys, args=args) == 1
-    assert await redis.xlen(keys.webhook_dead()) == 1 and await redis.xlen(stream) == 0
+    assert await redis.xlen(DEAD) == 1 and await redis.xlen(stream) == 0
     assert (await redis.xpending(stream, group))["pending"] == 0
 
 
@@ -315,7 +317,7 @@ async def test_an_entry_taken_over_too_often_is_dead_lettered_unattempted(
     error = JobError(ErrorCode.CANCELLED, "cancelled")
     final = encode_final(Status.CANCELLED, finished_ms=1, error=error)
     await queue.cancel(job, final, only_if_queued=False)  # FINISH queues the delivery
-    stream, group = keys.webhooks(), keys.WEBHOOK_GROUP
+    stream, group = STREAM, keys.WEBHOOK_GROUP
     entry_id = _first_id(await redis.xreadgroup(group, "crashed", {stream: ">"}, count=1))
     # As if four deliverers had died holding it (delivered 5 times) and it idled since: the
     # next take-over is its sixth delivery, one past MAX_DELIVERIES.
@@ -331,10 +333,10 @@ async def test_an_entry_taken_over_too_often_is_dead_lettered_unattempted(
     dispatcher = Dispatcher(settings, queue, blocking, api_metrics(), poster=poster)
     dispatcher.start()
     try:
-        await asyncio.wait_for(_until(lambda: redis.xlen(keys.webhook_dead())), 10)
+        await asyncio.wait_for(_until(lambda: redis.xlen(DEAD)), 10)
     finally:
         await dispatcher.stop()
-    [fields] = _fields(await redis.xrange(keys.webhook_dead()))
+    [fields] = _fields(await redis.xrange(DEAD))
     assert fields[b"job"] == b"crashy" and b"taken over 5 times" in fields[b"reason"]
     assert calls == [] and await redis.xlen(stream) == 0
 

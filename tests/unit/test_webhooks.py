@@ -3,6 +3,7 @@ table, the delivery record, and one attempt through a fake transport and a fake 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
@@ -11,19 +12,24 @@ import json
 import random
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import fakeredis
 import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from redis.crc import key_slot
 
 from inferq.api import app as app_module
-from inferq.api import ssrf, webhooks
+from inferq.api import ssrf, webhook_scripts, webhooks
 from inferq.api.responses import FastJSON, job_view
+from inferq.api.webhook_dispatch import Dispatcher
 from inferq.api.webhooks import Delivery, Poster
 from inferq.shared.errors import CodecError, InputInvalid
 from inferq.shared.jobs import ErrorCode, Job, JobError, Status
+from inferq.shared.metrics import api_metrics
+from inferq.shared.queue import JobQueue
 from inferq.shared.settings import Settings
 
 SECRET = "s3cret-for-tests"
@@ -398,3 +404,93 @@ async def test_attempt_without_a_key_is_retried_not_sent() -> None:
     poster = Poster(settings, resolve=_resolver({}), transport=httpx.MockTransport(rec))
     out = await poster.attempt(Delivery.of(_job(), "5-0", "https://hooks.example/in"))
     assert out.kind == "retry" and "acme" in out.reason and rec.requests == []
+
+
+# --- one dispatcher, every shard ----------------------------------------------------------------
+
+
+def test_each_shard_keeps_its_delivery_keys_in_one_slot() -> None:
+    shards = webhook_scripts.shards_of(["echo", "other"], 4)
+    assert len(shards) == 8 and len({s.stream for s in shards}) == 8
+    for shard in shards:  # what lets SETTLE and PROMOTE run on a cluster
+        assert len({key_slot(k.encode()) for k in (shard.stream, shard.retry, shard.dead)}) == 1
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+async def test_a_dispatcher_delivers_from_every_shard(
+    monkeypatch: pytest.MonkeyPatch, cluster: bool
+) -> None:
+    """Two shards of one model: entries on both, some there before the dispatcher reads and
+    some added while it waits, are all delivered and settled on their own shard. As if on a
+    cluster, every read names one stream (a command may not span slots there)."""
+    settings = _settings(webhook_secret=SECRET, stream_shards=2, webhook_concurrency=2)
+    server = fakeredis.FakeServer()
+    redis = fakeredis.FakeAsyncRedis(server=server)
+    shards = webhook_scripts.shards_of(["echo"], 2)
+    sent: list[str] = []
+    enough = {5: asyncio.Event(), 7: asyncio.Event()}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content)["id"])
+        if len(sent) in enough:
+            enough[len(sent)].set()
+        return httpx.Response(204)
+
+    async def queue_delivery(shard: webhook_scripts.Shard, job_id: str) -> None:
+        job = Job(id=job_id, model="echo", inputs=["x"], status=Status.SUCCEEDED)
+        record = Delivery.of(job, "1-0", "https://8.8.8.8/hook").pack()
+        await redis.xadd(shard.stream, {"delivery": record})
+
+    settled: list[tuple[str, str]] = []
+
+    async def settle(keys: list[str], args: list[object]) -> int:  # SETTLE's "done", in Python
+        stream, (group, _, entry_id, mode) = keys[0], args[:4]
+        (shard,) = [s for s in shards if s.stream == stream]
+        assert keys == [shard.stream, shard.retry, shard.dead] and mode == "done"
+        await redis.xack(stream, str(group), str(entry_id))
+        await redis.xdel(stream, str(entry_id))
+        settled.append((stream, str(entry_id)))
+        return 1
+
+    async def promote(keys: list[str], args: list[object]) -> list[int]:
+        assert keys in ([s.retry, s.stream] for s in shards)
+        return [0, -1]
+
+    for i in range(5):  # before the first read: the pass takes them, two slots at a time
+        await queue_delivery(shards[i % 2], f"early-{i}")
+    poster = Poster(settings, transport=httpx.MockTransport(answer))
+    queue = JobQueue(redis, result_ttl_s=60, shards=2)
+    blocking = fakeredis.FakeAsyncRedis(server=server)
+    dispatcher = Dispatcher(settings, queue, blocking, api_metrics(), poster=poster)
+    assert [s.stream for s in dispatcher.shards] == [s.stream for s in shards]
+    monkeypatch.setattr(dispatcher, "_settle", settle)  # fakeredis runs no Lua here
+    monkeypatch.setattr(dispatcher, "_promote", promote)
+    dispatcher.reader.cluster = cluster
+    monkeypatch.setattr(webhook_scripts, "BLOCK_MS", 200)  # fakeredis may sit out a cancel
+    read = blocking.xreadgroup
+    named: list[int] = []  # streams named by each read
+
+    async def spy(*args: Any, **kw: Any) -> Any:
+        named.append(len(args[2]))
+        return await read(*args, **kw)
+
+    monkeypatch.setattr(blocking, "xreadgroup", spy)
+    dispatcher.start()
+    try:
+        await asyncio.wait_for(enough[5].wait(), 5)
+        await asyncio.sleep(0.1)  # idle: the dispatcher waits on both streams
+        await queue_delivery(shards[1], "late-1")
+        await queue_delivery(shards[0], "late-0")
+        await asyncio.wait_for(enough[7].wait(), 5)
+    finally:
+        await dispatcher.stop()
+    assert max(named) == (1 if cluster else 2)
+    assert sorted(sent) == sorted([f"early-{i}" for i in range(5)] + ["late-0", "late-1"])
+    assert {stream for stream, _ in settled} == {s.stream for s in shards}
+    for shard in shards:
+        assert await redis.xlen(shard.stream) == 0
+        assert (await redis.xpending(shard.stream, "deliverers"))["pending"] == 0
+    await redis.zadd(shards[1].retry, {b"r": 1})
+    await redis.xadd(shards[0].dead, {"job": "j"})
+    counts = await webhook_scripts.counts(redis, ["echo"], 2)  # /v1/health adds the shards up
+    assert counts == {"queued": 0, "retrying": 1, "dead": 1}
