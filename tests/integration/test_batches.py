@@ -20,10 +20,10 @@ import orjson
 import pytest
 
 from inferq.bench.corpus import load as load_corpus
+from inferq.redis_cluster import LocalCluster, cluster_available
 from inferq.shared import keys
 from inferq.worker.models.echo import expected_vector
 from tests.conftest import in_ci
-from tests.integration.cluster import LocalCluster, cluster_available
 from tests.integration.stack import Stack, wait_for
 
 FINAL = ("completed", "failed", "expired", "cancelled")

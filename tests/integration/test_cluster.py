@@ -1,5 +1,5 @@
 """Redis Cluster with sharded streams, with real processes: 3 masters + 3 replicas on free
-ports (`tests.integration.cluster`), `INFERQ_REDIS_CLUSTER=true`, `INFERQ_STREAM_SHARDS=3`.
+ports (`inferq.redis_cluster`), `INFERQ_REDIS_CLUSTER=true`, `INFERQ_STREAM_SHARDS=3`.
 
 The core path, long-poll, idempotency, priorities and take-over run on it; then a master
 is SIGKILLed under load (with `INFERQ_REDIS_WAIT_REPLICAS=1`): its replica takes its slots
@@ -23,11 +23,11 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from inferq.redis_cluster import LocalCluster, cluster_available
 from inferq.shared import keys
 from inferq.shared.jobs import decode_job
 from inferq.worker.models.echo import expected_vector
 from tests.conftest import in_ci
-from tests.integration.cluster import LocalCluster, cluster_available
 from tests.integration.stack import Stack, wait_for
 from tests.integration.test_sentinel import RUN_LOG_ENV, Load, _audit
 

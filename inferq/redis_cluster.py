@@ -1,4 +1,5 @@
-"""A real local Redis Cluster for tests: 3 masters + 3 replicas on free ports.
+"""A real local Redis Cluster (tests, `scripts/scale_bench.py`): 3 masters + 3 replicas on
+free ports, each a supervised `RedisServer`.
 
 `redis-server --cluster-enabled yes` six times, then `redis-cli --cluster create`. The bus
 port is given explicitly (`--cluster-port`, Redis 7+), because a free client port above
@@ -9,13 +10,23 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import redis
 from redis.crc import key_slot
 
 from inferq.redis_server import RedisServer, free_port
-from tests.integration.stack import wait_for
+
+
+def wait_for(cond: Callable[[], Any], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.05)
 
 
 class LocalCluster:

@@ -1,0 +1,101 @@
+"""Jobs/s through inferq's queue: one Redis against a 3-master Redis Cluster, by API count.
+
+The `echo` model at zero delay, so what is measured is the queue's path (submit, claim,
+start, finish, publish, answer), not a model. For each Redis mode (`single`: one
+`redis-server`; `cluster`: 3 masters + 3 replicas, `INFERQ_REDIS_CLUSTER=true`,
+`INFERQ_STREAM_SHARDS=3`) and each API count, `inferq up --apis N --workers W` serves on one
+port and a closed loop of `--clients` clients posts one-item `POST /v1/infer` requests for
+`--seconds`. Prints one JSON line per run and a table.
+
+    .venv/bin/python scripts/scale_bench.py --apis 1,2,4 --seconds 15
+
+Everything shares this machine's cores (the load generator too): the numbers say where the
+path saturates here, not what separate hosts would do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from inferq.bench.load import Target, closed_loop
+from inferq.bench.procs import Proc, bench_env, python, wait_http
+from inferq.redis_cluster import LocalCluster
+from inferq.redis_server import RedisServer, free_port
+
+
+def _serve(url: str, cluster: bool, apis: int, workers: int, log_dir: Path) -> tuple[Proc, str]:
+    port = free_port()
+    env = bench_env(
+        INFERQ_REDIS_URL=url, INFERQ_MODEL="echo", INFERQ_DEVICE="cpu", INFERQ_LOG_LEVEL="WARNING",
+        INFERQ_REDIS_CLUSTER="true" if cluster else "false",
+        INFERQ_STREAM_SHARDS="3" if cluster else "1", INFERQ_MAX_QUEUE="100000",
+    )  # fmt: skip
+    args = ["-m", "inferq.cli", "up", "--port", str(port), "--apis", str(apis)]
+    args += ["--workers", str(workers)]
+    proc = python(f"up-{'cluster' if cluster else 'single'}-{apis}", args, env, log_dir)
+    base = f"http://127.0.0.1:{port}"
+    wait_http(proc, f"{base}/readyz", 120)
+    return proc, base
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--apis", default="1,2,4")
+    ap.add_argument("--modes", default="single,cluster")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=15.0)
+    args = ap.parse_args()
+    texts = [f"scale bench sentence {i}" for i in range(1000)]
+    tmp = Path(tempfile.mkdtemp(prefix="inferq-scale-"))
+    rows: list[dict[str, object]] = []
+    try:
+        for mode in args.modes.split(","):
+            cluster = mode == "cluster"
+            redis: RedisServer | LocalCluster
+            if cluster:
+                redis = LocalCluster(tmp / "cluster")
+            else:
+                redis = RedisServer(tmp / "single", appendonly=True)
+            redis.start()
+            try:
+                for apis in (int(a) for a in args.apis.split(",")):
+                    proc, base = _serve(redis.url, cluster, apis, args.workers, tmp)
+                    try:
+                        res = asyncio.run(
+                            closed_loop(Target((base,), "infer"), texts, [1] * len(texts),
+                                        args.clients, args.seconds, warmup_s=3.0)
+                        )  # fmt: skip
+                    finally:
+                        proc.stop()
+                    lat = sorted(res.latencies_ms)
+                    row = {
+                        "redis": "3-master cluster, 3 shards" if cluster else "1 redis-server",
+                        "apis": apis,
+                        "workers": args.workers,
+                        "clients": args.clients,
+                        "jobs_per_s": round(len(lat) / args.seconds, 1),
+                        "p50_ms": round(lat[len(lat) // 2], 1) if lat else None,
+                        "p99_ms": round(lat[int(len(lat) * 0.99)], 1) if lat else None,
+                        "errors": res.errors,
+                    }
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+            finally:
+                redis.stop()
+        print("\n| Redis | APIs | jobs/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['redis']} | {r['apis']} | {r['jobs_per_s']} | {r['p50_ms']} | "
+                  f"{r['p99_ms']} | {r['errors']} |")  # fmt: skip
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
