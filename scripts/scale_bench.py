@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -27,6 +28,16 @@ from inferq.bench.load import Target, closed_loop
 from inferq.bench.procs import Proc, bench_env, python, wait_http
 from inferq.redis_cluster import LocalCluster
 from inferq.redis_server import RedisServer, free_port
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds the processes `pids` have used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def _serve(url: str, cluster: bool, apis: int, workers: int, log_dir: Path) -> tuple[Proc, str]:
@@ -67,12 +78,16 @@ def main() -> None:
             try:
                 for apis in (int(a) for a in args.apis.split(",")):
                     proc, base = _serve(redis.url, cluster, apis, args.workers, tmp)
+                    nodes = redis.nodes if isinstance(redis, LocalCluster) else [redis]
+                    pids = [n.pid for n in nodes if n.pid is not None]
+                    before = _cpu_s(pids)
                     try:
                         res = asyncio.run(
                             closed_loop(Target((base,), "infer"), texts, [1] * len(texts),
                                         args.clients, args.seconds, warmup_s=3.0)
                         )  # fmt: skip
                     finally:
+                        redis_cpu_s = _cpu_s(pids) - before  # warmup included: an upper bound
                         proc.stop()
                     lat = sorted(res.latencies_ms)
                     row = {
@@ -84,15 +99,21 @@ def main() -> None:
                         "p50_ms": round(lat[len(lat) // 2], 1) if lat else None,
                         "p99_ms": round(lat[int(len(lat) * 0.99)], 1) if lat else None,
                         "errors": res.errors,
+                        "redis_cpu_us_per_job": round(redis_cpu_s / max(1, len(lat)) * 1e6),
+                        "redis_cpu_cores": round(redis_cpu_s / (args.seconds + 3.0), 2),
                     }
                     rows.append(row)
                     print(json.dumps(row), flush=True)
             finally:
                 redis.stop()
-        print("\n| Redis | APIs | jobs/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|")
+        print(
+            "\n| Redis | APIs | jobs/s | p50 ms | p99 ms | errors | Redis CPU µs/job | Redis cores |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['redis']} | {r['apis']} | {r['jobs_per_s']} | {r['p50_ms']} | "
-                  f"{r['p99_ms']} | {r['errors']} |")  # fmt: skip
+                  f"{r['p99_ms']} | {r['errors']} | {r['redis_cpu_us_per_job']} | "
+                  f"{r['redis_cpu_cores']} |")  # fmt: skip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
