@@ -23,7 +23,18 @@ from inferq.shared.settings import Settings
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 FILES = sorted(K8S.rglob("*.yaml"))
-VARIANTS = {"single": sorted(K8S.glob("*.yaml")), "sentinel": FILES}  # sentinel/ applied after
+BASE = sorted(K8S.glob("*.yaml"))
+# Each variant's folder is applied after the base (later objects replace earlier ones).
+VARIANTS = {
+    "single": BASE,
+    "sentinel": BASE + sorted((K8S / "sentinel").glob("*.yaml")),
+    "cluster": BASE + sorted((K8S / "cluster").glob("*.yaml")),
+}
+SCALERS = {
+    "single": "redis-streams",
+    "sentinel": "redis-sentinel-streams",
+    "cluster": "redis-cluster-streams",
+}
 KINDS = {
     "ConfigMap", "Secret", "Deployment", "Service", "HorizontalPodAutoscaler",
     "ScaledObject", "TriggerAuthentication",
@@ -101,6 +112,14 @@ def test_the_sentinel_variant_sets_sentinels() -> None:
     )
 
 
+def test_the_cluster_variant_shards_the_queue_and_waits_for_a_replica() -> None:
+    secret = _applied("cluster")[("Secret", "inferq-redis")]["stringData"]
+    settings = Settings(**{k.removeprefix("INFERQ_").lower(): v for k, v in secret.items()
+                           if k.startswith("INFERQ_")})  # fmt: skip
+    assert settings.redis_cluster and settings.stream_shards > 1
+    assert settings.redis_wait_replicas >= 1 and not settings.redis_sentinels
+
+
 def test_api_probes_hit_real_routes_on_the_served_port() -> None:
     routes = {r.path for r in health.router.routes}  # type: ignore[attr-defined]
     api = _applied("single")[("Deployment", "inferq-api")]
@@ -138,7 +157,9 @@ def test_workers_get_a_gpu_a_device_an_id_and_time_to_drain() -> None:
 def test_keda_watches_the_model_streams_and_group_keys_builds(variant: str) -> None:
     objs = _applied(variant)
     model = objs[("ConfigMap", "inferq-config")]["data"]["INFERQ_MODEL"]
-    lanes = set(keys.streams(model))
+    secret = objs[("Secret", "inferq-redis")]["stringData"]
+    shards = int(secret.get("INFERQ_STREAM_SHARDS", 1))
+    lanes = {s for shard in range(shards) for s in keys.streams(model, shard, shards)}
     workers = {d["metadata"]["name"] for d in _of(objs, "Deployment")} - {"inferq-api"}
     scaled = _of(objs, "ScaledObject")
     assert {s["spec"]["scaleTargetRef"]["name"] for s in scaled} == workers
@@ -148,9 +169,7 @@ def test_keda_watches_the_model_streams_and_group_keys_builds(variant: str) -> N
         triggers = s["spec"]["triggers"]
         assert {t["metadata"]["stream"] for t in triggers} == lanes
         for t in triggers:
-            assert t["type"] == (
-                "redis-sentinel-streams" if variant == "sentinel" else "redis-streams"
-            )
+            assert t["type"] == SCALERS[variant]
             assert t["metadata"]["consumerGroup"] == keys.GROUP
             assert "lagCount" in t["metadata"]  # not pendingEntriesCount: see scaling.yaml
             auth = objs[("TriggerAuthentication", t["authenticationRef"]["name"])]
