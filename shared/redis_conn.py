@@ -74,6 +74,22 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
+def torn_connection(e: BaseException) -> bool:
+    """A write on a connection torn down under it, raised from inside redis-py's connection
+    code rather than as a ConnectionError: uvloop's "the handler is closed" when the server
+    closed the socket during the connect handshake, or `_writer` already None because another
+    task disconnected the node's connections (a cluster client does, on a node failure).
+    Seen when a cluster master is killed under load: a lost connection, not a bug of ours."""
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.replace("\\", "/").endswith(
+            "redis/asyncio/connection.py"
+        ):
+            return isinstance(e, RuntimeError | AttributeError)
+        tb = tb.tb_next
+    return False
+
+
 def unavailable(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     """Wrap a broker call so every `REDIS_DOWN` failure leaves it as `QueueUnavailable`
     (cause attached): callers above the broker handle one error type, not redis-py's."""
@@ -84,6 +100,10 @@ def unavailable(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
             return await fn(*args, **kwargs)
         except REDIS_DOWN as e:
             raise QueueUnavailable(f"redis unavailable: {type(e).__name__}: {e}") from e
+        except (RuntimeError, AttributeError) as e:
+            if not torn_connection(e):
+                raise
+            raise QueueUnavailable(f"redis unavailable: connection torn down: {e!r}") from e
         except ResponseError as e:
             if not refused_inside_script(e):
                 raise

@@ -126,7 +126,7 @@ class Intake:
                 )  # fmt: skip
             return got
         got = []
-        if self._backlog or len(groups) > 1:
+        if self._backlog:
             for lane in lane_order(self._reads):
                 for g in groups:
                     got += await read(

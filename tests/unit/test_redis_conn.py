@@ -48,6 +48,35 @@ async def test_refusals_become_queue_unavailable(exc: Exception) -> None:
         await call()
 
 
+async def test_a_connection_torn_down_inside_redis_py_is_unavailable_and_nothing_else() -> None:
+    from redis.asyncio.connection import Connection
+
+    # What a killed cluster node produced: redis-py writes on a connection whose writer
+    # another task already dropped (AttributeError on None, raised in its connection code).
+    conn = Connection(host="127.0.0.1", port=1)
+
+    @unavailable
+    async def torn() -> None:
+        await conn._send_packed_command([b"PING"])  # _writer is None: never connected
+
+    with pytest.raises(QueueUnavailable):
+        await torn()
+
+    @unavailable
+    async def ours() -> None:
+        raise RuntimeError("dictionary changed size during iteration")
+
+    with pytest.raises(RuntimeError):
+        await ours()
+
+    @unavailable
+    async def also_ours() -> None:
+        None.writelines([])  # type: ignore[attr-defined]
+
+    with pytest.raises(AttributeError):
+        await also_ours()
+
+
 async def test_a_script_bug_stays_a_bug() -> None:
     @unavailable
     async def call() -> None:
