@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,19 +97,21 @@ class LocalCluster:
 
         wait_for(promoted, timeout_s, f"a new master for slot {slot}")
 
-    def keys_on_masters(self, pattern: str) -> list[bytes]:
-        """Keys matching `pattern`, each once: scanned on the masters only."""
-        found: list[bytes] = []
+    def _masters(self) -> Iterator[redis.Redis]:
+        """A client of each live node that is a master now (closed after use)."""
         for n in self.nodes:
             if not n.running:
                 continue
             c = redis.Redis(host=n.host, port=n.port, socket_timeout=2)
             try:
                 if c.info("replication")["role"] == "master":
-                    found += list(c.scan_iter(match=pattern, count=1000))
+                    yield c
             finally:
                 c.close()
-        return found
+
+    def keys_on_masters(self, pattern: str) -> list[bytes]:
+        """Keys matching `pattern`, each once: scanned on the masters only."""
+        return [k for c in self._masters() for k in c.scan_iter(match=pattern, count=1000)]
 
     def master_of(self, key: str) -> RedisServer:
         c = self.client()
@@ -120,17 +122,8 @@ class LocalCluster:
             c.close()
 
     def flush(self) -> None:
-        for n in self.nodes:
-            if not n.running:
-                continue
-            c = redis.Redis(host=n.host, port=n.port, socket_timeout=2)
-            try:
-                if c.info("replication")["role"] == "master":
-                    c.flushall()
-            except redis.ReadOnlyError:
-                pass
-            finally:
-                c.close()
+        for c in self._masters():
+            c.flushall()
 
     def stop(self) -> None:
         for n in self.nodes:

@@ -1,4 +1,5 @@
-"""A real redis-server for the whole session (free port, AOF on), flushed per test."""
+"""A real redis-server for the whole session (free port, AOF on), flushed per test; and a
+local Redis Cluster (3 masters + 3 replicas), started once when a test first asks for it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from inferq.redis_cluster import LocalCluster, cluster_available
 from inferq.redis_server import RedisServer, RedisServerError, find_redis_server
+from tests.conftest import in_ci
 from tests.integration.stack import Stack
 
 
@@ -40,6 +43,37 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
 @pytest.fixture
 def stack(redis_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Stack]:
     s = Stack(redis_url, tmp_path)
+    yield s
+    failed = getattr(request.node, "rep_call", None)
+    if failed is not None and failed.failed:
+        print(s.logs())
+    s.close()
+
+
+@pytest.fixture(scope="session")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    why = cluster_available()
+    if why is not None:
+        if in_ci():
+            pytest.fail(f"CI is set but no local Redis Cluster can be made: {why}")
+        pytest.skip(why)
+    c = LocalCluster(Path(tmp_path_factory.mktemp("cluster")))
+    c.start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def cstack(
+    local_cluster: LocalCluster, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Stack]:
+    """A `Stack` on the cluster (INFERQ_REDIS_CLUSTER=true), every node up and flushed."""
+    for n in local_cluster.nodes:  # a failover test may have killed one
+        if not n.running:
+            n.start()
+    local_cluster.wait_ok()
+    local_cluster.flush()
+    s = Stack(local_cluster.url, tmp_path, cluster=True)
     yield s
     failed = getattr(request.node, "rep_call", None)
     if failed is not None and failed.failed:

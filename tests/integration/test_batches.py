@@ -9,8 +9,6 @@ import base64
 import io
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,10 +18,8 @@ import orjson
 import pytest
 
 from inferq.bench.corpus import load as load_corpus
-from inferq.redis_cluster import LocalCluster, cluster_available
 from inferq.shared import keys
 from inferq.worker.models.echo import expected_vector
-from tests.conftest import in_ci
 from tests.integration.stack import Stack, wait_for
 
 FINAL = ("completed", "failed", "expired", "cancelled")
@@ -314,69 +310,47 @@ def test_infer_batch_cancel_and_expiry(stack: Stack) -> None:
     assert len(_lines(client, batch.output_file_id)) + len(errors) == 100
 
 
-@pytest.fixture(scope="module")
-def batch_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    why = cluster_available()
-    if why is not None:
-        if in_ci():
-            pytest.fail(f"CI is set but no local Redis Cluster can be made: {why}")
-        pytest.skip(why)
-    c = LocalCluster(Path(tmp_path_factory.mktemp("cluster")))
-    c.start()
-    yield c
-    c.stop()
-
-
-def test_batches_on_a_cluster(
-    batch_cluster: LocalCluster, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
+def test_batches_on_a_cluster(cstack: Stack) -> None:
     """A batch's keys share its tag, a file's its own; the tenant indexes and the active
     set are elsewhere. A cluster refuses any script or MULTI across slots (CROSSSLOT), so
     this runs every one of them: create, run, record, finish, list, cancel, delete."""
-    batch_cluster.flush()
-    stack = Stack(batch_cluster.url, tmp_path, cluster=True)
-    try:
-        stack.worker(echo_batch_delay_ms=20, max_batch_size=4)
-        client = _client(stack.api(batch_in_flight=8))
-        texts = {f"c{i}": f"cluster line {i}" for i in range(30)}
-        lines = [_line(cid, {"input": t}) for cid, t in texts.items()]
-        fid = _upload(client, [*lines, b"{not json"])
-        batch = client.batches.create(
-            input_file_id=fid, endpoint="/v1/embeddings", completion_window="24h"
-        )
-        assert [b.id for b in client.batches.list().data] == [batch.id]
-        batch = _finished(client, batch.id)
-        assert batch.status == "completed", batch
-        assert batch.request_counts is not None
-        assert (batch.request_counts.completed, batch.request_counts.failed) == (30, 1)
-        out = _by_id(_lines(client, batch.output_file_id))
-        assert {cid: x["response"]["body"]["data"][0]["embedding"] for cid, x in out.items()} == {
-            cid: expected_vector(t) for cid, t in texts.items()
-        }
-        (bad,) = _lines(client, batch.error_file_id)
-        assert bad["error"]["code"] == "invalid_json"
-        listed = {f.id for f in client.files.list().data}
-        assert listed == {fid, batch.output_file_id, batch.error_file_id}
-        # The runner drops the ended batch from the active set (its own slot, a step after
-        # FINISH); then its input may go.
-        wait_for(lambda: not stack.r.smembers(keys.BATCHES_ACTIVE), 10, "no active batch")
-        client.files.delete(fid)
-        assert fid not in {f.id for f in client.files.list().data}
+    stack = cstack
+    stack.worker(echo_batch_delay_ms=20, max_batch_size=4)
+    client = _client(stack.api(batch_in_flight=8))
+    texts = {f"c{i}": f"cluster line {i}" for i in range(30)}
+    lines = [_line(cid, {"input": t}) for cid, t in texts.items()]
+    fid = _upload(client, [*lines, b"{not json"])
+    batch = client.batches.create(
+        input_file_id=fid, endpoint="/v1/embeddings", completion_window="24h"
+    )
+    assert [b.id for b in client.batches.list().data] == [batch.id]
+    batch = _finished(client, batch.id)
+    assert batch.status == "completed", batch
+    assert batch.request_counts is not None
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (30, 1)
+    out = _by_id(_lines(client, batch.output_file_id))
+    assert {cid: x["response"]["body"]["data"][0]["embedding"] for cid, x in out.items()} == {
+        cid: expected_vector(t) for cid, t in texts.items()
+    }
+    (bad,) = _lines(client, batch.error_file_id)
+    assert bad["error"]["code"] == "invalid_json"
+    listed = {f.id for f in client.files.list().data}
+    assert listed == {fid, batch.output_file_id, batch.error_file_id}
+    # The runner drops the ended batch from the active set (its own slot, a step after
+    # FINISH); then its input may go.
+    wait_for(lambda: not stack.r.smembers(keys.BATCHES_ACTIVE), 10, "no active batch")
+    client.files.delete(fid)
+    assert fid not in {f.id for f in client.files.list().data}
 
-        slow = [_line(f"s{i}", {"input": f"slow {i}"}) for i in range(400)]
-        fid = _upload(client, slow)
-        batch = client.batches.create(
-            input_file_id=fid, endpoint="/v1/embeddings", completion_window="24h"
-        )
-        with pytest.raises(openai.ConflictError, match="still running"):
-            client.files.delete(fid)
-        assert client.batches.cancel(batch.id).status == "cancelling"
-        batch = _finished(client, batch.id)
-        assert batch.status == "cancelled", batch
-        both = _lines(client, batch.output_file_id) + _lines(client, batch.error_file_id)
-        assert set(_by_id(both)) == {f"s{i}" for i in range(400)}
-    except BaseException:
-        print(stack.logs())
-        raise
-    finally:
-        stack.close()
+    slow = [_line(f"s{i}", {"input": f"slow {i}"}) for i in range(400)]
+    fid = _upload(client, slow)
+    batch = client.batches.create(
+        input_file_id=fid, endpoint="/v1/embeddings", completion_window="24h"
+    )
+    with pytest.raises(openai.ConflictError, match="still running"):
+        client.files.delete(fid)
+    assert client.batches.cancel(batch.id).status == "cancelling"
+    batch = _finished(client, batch.id)
+    assert batch.status == "cancelled", batch
+    both = _lines(client, batch.output_file_id) + _lines(client, batch.error_file_id)
+    assert set(_by_id(both)) == {f"s{i}" for i in range(400)}

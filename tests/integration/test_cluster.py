@@ -14,7 +14,6 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,46 +22,15 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from inferq.redis_cluster import LocalCluster, cluster_available
+from inferq.redis_cluster import LocalCluster
 from inferq.shared import keys
 from inferq.shared.jobs import decode_job
 from inferq.worker.models.echo import expected_vector
-from tests.conftest import in_ci
 from tests.integration.stack import Stack, wait_for
 from tests.integration.test_sentinel import RUN_LOG_ENV, Load, _audit
 
 SHARDS = 3
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-
-
-@pytest.fixture(scope="module")
-def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    why = cluster_available()
-    if why is not None:
-        if in_ci():
-            pytest.fail(f"CI is set but no local Redis Cluster can be made: {why}")
-        pytest.skip(why)
-    c = LocalCluster(Path(tmp_path_factory.mktemp("cluster")))
-    c.start()
-    yield c
-    c.stop()
-
-
-@pytest.fixture
-def cstack(
-    local_cluster: LocalCluster, tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[Stack]:
-    for n in local_cluster.nodes:  # a failover test may have killed one
-        if not n.running:
-            n.start()
-    local_cluster.wait_ok()
-    local_cluster.flush()
-    s = Stack(local_cluster.url, tmp_path, cluster=True)
-    yield s
-    failed = getattr(request.node, "rep_call", None)
-    if failed is not None and failed.failed:
-        print(s.logs())
-    s.close()
 
 
 async def _submit(base: str, bodies: list[dict[str, Any]], **headers: str) -> list[httpx.Response]:
