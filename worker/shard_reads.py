@@ -7,6 +7,9 @@ flight; `next` returns what the first reads to answer delivered, and leaves the 
 running for the next call, never cancelled: a cancelled read whose entries the server had
 already delivered would strand them in this worker's pending list. `settle` (at stop) waits
 for the reads still out, so the worker can hand back what they bring.
+
+A read in flight was sized for the room the worker had when it started, so the worker can
+briefly hold up to one read's count per shard more than `INFERQ_PREFETCH_ITEMS`.
 """
 
 from __future__ import annotations
