@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import signal
 import threading
 import time
@@ -27,7 +26,7 @@ from inferq.shared import keys
 from inferq.shared.jobs import decode_job
 from inferq.worker.models.echo import expected_vector
 from tests.integration.stack import Stack, wait_for
-from tests.integration.test_sentinel import RUN_LOG_ENV, Load, _audit
+from tests.integration.test_sentinel import RUN_LOG_ENV, Load, _audit, report_failover
 
 SHARDS = 3
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -200,20 +199,9 @@ def test_a_master_killed_under_load_loses_no_acknowledged_job(
             t.join(70)
         assert not any(t.is_alive() for t in threads), "a client thread hung"
         audit = _audit(load, cstack.r, run_log, local_cluster.keys_on_masters(keys.job("*")))
-        numbers = {
-            "accepted": len(load.accepted),
-            **{name: len(ids) for name, ids in audit.items()},
-            "never_acknowledged": load.given_up,
-            "kill_to_cluster_ok_s": round(promoted_s, 1),
-            "answers": dict(load.answers),
-            "duration_s": round(time.monotonic() - started, 1),
-        }
-        ARTIFACTS.mkdir(exist_ok=True)
-        (ARTIFACTS / "cluster-failover.json").write_text(json.dumps(numbers, indent=2))
-        print(f"cluster failover: {numbers}")
-        for claim in ("lost_or_wrong", "duplicated", "never_ran", "seen_wrong"):
-            assert not audit[claim], (claim, audit[claim][:5])
-        assert set(load.seen) == set(load.accepted)
+        report_failover(
+            "cluster", load, audit, {"kill_to_cluster_ok_s": round(promoted_s, 1)}, started
+        )
         assert not [a for a in load.answers if a.startswith("5") and a != "503"], load.answers
     finally:
         load.stop.set()

@@ -326,6 +326,28 @@ def _audit(
     }
 
 
+def report_failover(
+    name: str, load: Load, audit: dict[str, list[str]], timings: dict[str, Any], started: float
+) -> None:
+    """Write the run's numbers to test-artifacts/<name>-failover.json, then assert that no
+    acknowledged job was lost, duplicated, never run or seen wrong, and that every client
+    saw each of its jobs end."""
+    numbers = {
+        "accepted": len(load.accepted),
+        **{claim: len(ids) for claim, ids in audit.items()},
+        "never_acknowledged": load.given_up,
+        **timings,
+        "answers": dict(load.answers),
+        "duration_s": round(time.monotonic() - started, 1),
+    }
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / f"{name}-failover.json").write_text(json.dumps(numbers, indent=2))
+    print(f"{name} failover: {numbers}")
+    for claim in ("lost_or_wrong", "duplicated", "never_ran", "seen_wrong"):
+        assert not audit[claim], (claim, audit[claim][:5])
+    assert set(load.seen) == set(load.accepted)
+
+
 def test_api_and_worker_follow_two_failovers_and_lose_no_acknowledged_job(
     cluster: tuple[RedisServer, RedisServer, list[SentinelNode]],
     tmp_path: Path,
@@ -364,20 +386,7 @@ def test_api_and_worker_follow_two_failovers_and_lose_no_acknowledged_job(
             "the API's subscriber on the last master",
         )
         audit = _audit(load, stack.r, run_log)
-        numbers = {
-            "accepted": len(load.accepted),
-            **{name: len(ids) for name, ids in audit.items()},
-            "never_acknowledged": load.given_up,
-            **timings,
-            "answers": dict(load.answers),
-            "duration_s": round(time.monotonic() - started, 1),
-        }
-        ARTIFACTS.mkdir(exist_ok=True)
-        (ARTIFACTS / "sentinel-failover.json").write_text(json.dumps(numbers, indent=2))
-        print(f"sentinel failover: {numbers}")
-        for claim in ("lost_or_wrong", "duplicated", "never_ran", "seen_wrong"):
-            assert not audit[claim], (claim, audit[claim][:5])
-        assert set(load.seen) == set(load.accepted)  # every client saw each of its jobs end
+        report_failover("sentinel", load, audit, timings, started)
     except BaseException:
         print(stack.logs())
         raise
