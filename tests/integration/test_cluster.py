@@ -29,7 +29,6 @@ from tests.integration.stack import Stack, wait_for
 from tests.integration.test_sentinel import RUN_LOG_ENV, Load, _audit, report_failover
 
 SHARDS = 3
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
 async def _submit(base: str, bodies: list[dict[str, Any]], **headers: str) -> list[httpx.Response]:
