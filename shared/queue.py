@@ -48,6 +48,14 @@ class Final:
 
 
 @dataclass(slots=True)
+class Claimed:
+    """A job as `claim` read it, and whether the claim also counted its device start."""
+
+    job: Job
+    started: bool = False
+
+
+@dataclass(slots=True)
 class Submitted:
     """What `submit` did: `created`, or `duplicate` of `job_id`, or refused: `full` (items
     queued = `depth`) or `full_bytes` (bytes queued = `depth`)."""
@@ -270,23 +278,23 @@ class JobQueue(QueueReads):
         return out
 
     @unavailable
-    async def claim(self, job_ids: Sequence[str], now_ms: int) -> list[Job | None]:
-        """Mark queued jobs running and read them; None for a job whose record is gone."""
+    async def claim(
+        self, job_ids: Sequence[str], now_ms: int, *, start_limit: int = 0
+    ) -> list[Claimed | None]:
+        """Mark queued jobs running and read them (None: record gone). `start_limit` > 0: they
+        run at once, so a one-item job's device start is counted too (scripts.CLAIM)."""
         if not job_ids:
             return []
-        now = pack_field(now_ms)
+        args = [pack_field(now_ms), "1" if start_limit > 0 else "0", start_limit]
 
         async def call(ix: list[int]) -> list[Any]:
-            return await self._claim(keys=[keys.job(job_ids[i]) for i in ix], args=[now])  # type: ignore[no-any-return]
+            return await self._claim(keys=[keys.job(job_ids[i]) for i in ix], args=args)  # type: ignore[no-any-return]
 
-        replies = await self._per_shard(job_ids, call)
-        out: list[Job | None] = []
-        for flat in replies:
-            if not flat:
-                out.append(None)
-                continue
-            out.append(decode_job(dict(zip(flat[::2], flat[1::2], strict=True))))
-        return out
+        return [
+            Claimed(decode_job(dict(zip(r[0][::2], r[0][1::2], strict=True))), bool(r[1]))
+            if r else None
+            for r in await self._per_shard(job_ids, call)
+        ]  # fmt: skip
 
     @unavailable
     async def start(self, job_ids: Sequence[str], first: Sequence[bool]) -> list[bytes]:

@@ -62,8 +62,13 @@ if #KEYS == 5 then redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[4]) end
 return {'ok', eid}
 """
 
-# KEYS: jobs. ARGV[1] = packed now_ms. Returns one HGETALL-style array per key ({} if missing).
+# KEYS: jobs. ARGV[1] = packed now_ms; ARGV[2] = '1' when the worker starts these jobs at
+# once (it is idle and read one job): a one-item job not yet at ARGV[3] (max deliveries) nor
+# past its deadline gets its device start counted here, as START would a moment later, and
+# START's round trip is skipped. Returns per key {} if missing, else {the record as HGETALL
+# read it before the count, 1 if counted here else 0}.
 CLAIM = """
+local now = cmsgpack.unpack(ARGV[1])
 local out = {}
 for i, key in ipairs(KEYS) do
   local raw = redis.call('HGET', key, F.status)
@@ -73,7 +78,19 @@ for i, key in ipairs(KEYS) do
     if cmsgpack.unpack(raw) == S.queued then
       redis.call('HSET', key, F.status, cmsgpack.pack(S.running), F.started_ms, ARGV[1])
     end
-    out[i] = redis.call('HGETALL', key)
+    local flat, counted = redis.call('HGETALL', key), 0
+    if ARGV[2] == '1' and not FINAL[cmsgpack.unpack(raw)] then
+      local f = {}
+      for j = 1, #flat, 2 do f[flat[j]] = flat[j + 1] end
+      local attempts = f[F.attempts] and cmsgpack.unpack(f[F.attempts]) or 0
+      local deadline = f[F.deadline_ms] and cmsgpack.unpack(f[F.deadline_ms]) or 0
+      local items = f[F.items] and cmsgpack.unpack(f[F.items]) or 0
+      if items == 1 and attempts < tonumber(ARGV[3]) and (deadline == 0 or now <= deadline) then
+        redis.call('HSET', key, F.attempts, cmsgpack.pack(attempts + 1))
+        counted = 1
+      end
+    end
+    out[i] = {flat, counted}
   end
 end
 return out

@@ -180,29 +180,38 @@ class Intake:
             )
         return taken
 
-    async def admit(self, entries: list[Entry]) -> Admission:
-        """Claim `entries` and decide each job's fate (see the module docstring)."""
-        jobs = await self.queue.claim([e.job_id for e in entries], self.clock.now_ms())
+    async def admit(self, entries: list[Entry], *, idle: bool = False) -> Admission:
+        """Claim `entries` and decide each job's fate (see the module docstring).
+
+        `idle`: nothing is held or running, so a lone job read now is the next batch: its
+        claim counts its device start too, and the batch skips `JobQueue.start`."""
+        now = self.clock.now_ms()
+        limit = self.settings.max_deliveries if idle and len(entries) == 1 else 0
+        claimed = await self.queue.claim([e.job_id for e in entries], now, start_limit=limit)
         out = Admission()
-        ready: list[tuple[Entry, Job]] = []
-        for entry, job in zip(entries, jobs, strict=True):
-            if job is None or job.status.is_final:
+        ready: list[tuple[Entry, Job, bool]] = []
+        for entry, c in zip(entries, claimed, strict=True):
+            if c is None or c.job.status.is_final:
                 out.stale.append(entry)  # record expired, cancelled, or a duplicate delivery
-            elif (verdict := self._verdict(job)) is not None:
-                state = JobState(job, entry, 0, dead_letter=verdict.code == ErrorCode.POISONED)
+            elif (verdict := self._verdict(c.job, now)) is not None:
+                state = JobState(c.job, entry, 0, dead_letter=verdict.code == ErrorCode.POISONED)
                 status = Status.EXPIRED if verdict.code == ErrorCode.EXPIRED else Status.FAILED
                 out.decided.append((state, verdict, status))
             else:
-                ready.append((entry, job))
+                ready.append((entry, c.job, c.started))
         if ready:
+            jobs = [(entry, job) for entry, job, _ in ready]
             loop = asyncio.get_running_loop()
-            prepared = await loop.run_in_executor(self._prepare, self._prepare_all, ready)
+            prepared = await loop.run_in_executor(self._prepare, self._prepare_all, jobs)
             arrived = self.clock.monotonic()
-            for (entry, job), result in zip(ready, prepared, strict=True):
+            for (entry, job, started), result in zip(ready, prepared, strict=True):
                 if isinstance(result, JobError):
                     out.decided.append((JobState(job, entry, 0), result, Status.FAILED))
                     continue
-                state = JobState(job, entry, remaining=len(result), outputs=[None] * len(result))
+                state = JobState(
+                    job, entry, remaining=len(result), outputs=[None] * len(result),
+                    counted=started, start_checked=started,
+                )  # fmt: skip
                 items = [
                     Item(key=Work(state, i, p.payload), cost=p.cost, arrived=arrived)
                     for i, p in enumerate(result)
@@ -210,14 +219,14 @@ class Intake:
                 out.held.append((state, items))
         return out
 
-    def _verdict(self, job: Job) -> JobError | None:
+    def _verdict(self, job: Job, now_ms: int) -> JobError | None:
         # `attempts` counts device starts that never finished (see scripts.START).
         limit = self.settings.max_deliveries
         if job.attempts >= limit:
             msg = f"started {job.attempts} times without finishing (INFERQ_MAX_DELIVERIES={limit})"
             log.error("job %s poisoned: %s; dead-lettered", job.id, msg)
             return JobError(ErrorCode.POISONED, msg)
-        if job.deadline_ms and self.clock.now_ms() > job.deadline_ms:
+        if job.deadline_ms and now_ms > job.deadline_ms:
             return JobError(ErrorCode.EXPIRED, "deadline passed in queue")
         return None
 

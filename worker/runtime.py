@@ -6,7 +6,8 @@ Four tasks, joined by the book of held jobs and the outbox:
   `Scheduler`, while fewer than `prefetch_limit` items are held (one worker never hoards
   the queue);
 - schedule: asks the scheduler what runs next and starts each batch on the `Executor`
-  (up to `streams` at once), counting device starts on the broker right before;
+  (up to `streams` at once), counting device starts on the broker right before (for a lone
+  job an idle worker read, its claim already did);
 - publish: the `Outbox` posts final records (result → notify → XACK), keeping them while
   Redis is down;
 - heartbeat: a `Snapshot` of the worker to the registry every `heartbeat_s`.
@@ -212,7 +213,8 @@ class Worker:
                     continue
                 try:
                     entries = await self.intake.fetch(room, self.book.knows)
-                    admission = await self.intake.admit(entries) if entries else None
+                    idle = not (self.book.jobs or self._on_device or self._stopping.is_set())
+                    admission = await self.intake.admit(entries, idle=idle) if entries else None
                 except QueueUnavailable as e:
                     delay = backoff.next()
                     log.warning("redis read failed (%s); reconnecting in %.1fs", e, delay)
@@ -276,6 +278,12 @@ class Worker:
         states = list(
             {id(work(it).state): work(it).state for it in items if self.book.live(it)}.values()
         )
+        # Jobs an idle worker's claim counted a moment ago: that claim was this check.
+        checked = all(s.start_checked for s in states)
+        for s in states:
+            s.start_checked = False
+        if checked:
+            return [it for it in items if self.book.live(it)]
         try:
             statuses = await self.queue.start(
                 [s.job.id for s in states], [not s.counted for s in states]

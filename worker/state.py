@@ -26,6 +26,8 @@ class JobState:
     batch_tokens: int = 0  # the largest padded cost of those batches
     started_items: int = 0  # items handed to a batch so far (0: the job can be handed back)
     counted: bool = False  # its first device start is counted in `attempts`
+    # Its claim also counted that start (Intake.admit, idle): its first batch skips START.
+    start_checked: bool = False
     dead_letter: bool = False
     lost: bool = False  # another worker took its entry over: it is theirs now
 

@@ -37,20 +37,52 @@ async def test_claim_marks_running_once_and_start_counts_attempts(queue: JobQueu
     await queue.submit(Job(id="j2", model="echo", inputs=["a"]))
     entries = await queue.read("echo", "c1", count=10, block_ms=100)
     assert [e.job_id for e in entries] == ["j2"]
-    (job,) = await queue.claim(["j2"], 123)
-    assert job is not None and job.status is Status.RUNNING and job.started_ms == 123
+    (c,) = await queue.claim(["j2"], 123)
+    assert c is not None and not c.started
+    assert c.job.status is Status.RUNNING and c.job.started_ms == 123
     (again,) = await queue.claim(["j2"], 456)  # a redelivery keeps the first start time
-    assert again is not None and again.started_ms == 123 and again.attempts == 0
+    assert again is not None and again.job.started_ms == 123 and again.job.attempts == 0
     # attempts count device starts: only the first start in a worker counts
     assert await queue.start(["j2"], [True]) == [b"\xa7running"]
     await queue.start(["j2"], [False])
     (started,) = await queue.claim(["j2"], 789)
-    assert started is not None and started.attempts == 1
+    assert started is not None and started.job.attempts == 1
     assert await queue.claim(["missing"], 1) == [None]
     # own PEL is readable with '0' until acked
     assert [
         e.job_id for e in await queue.read("echo", "c1", count=10, block_ms=None, pending=True)
     ] == ["j2"]
+
+
+async def test_a_claim_that_starts_counts_only_a_lone_runnable_item(queue: JobQueue) -> None:
+    """An idle worker's claim of one job counts its device start (START is skipped): but
+    never for a job of several items, one already at the delivery limit, one past its
+    deadline, or a final one; the record returned is the one before the count."""
+    now = 1_000_000
+    jobs = {
+        "lone": Job(id="lone", model="echo", inputs=["a"]),
+        "two": Job(id="two", model="echo", inputs=["a", "b"]),
+        "limit": Job(id="limit", model="echo", inputs=["a"], attempts=3),
+        "late": Job(id="late", model="echo", inputs=["a"], deadline_ms=now - 1),
+        "fresh": Job(id="fresh", model="echo", inputs=["a"], deadline_ms=now + 1),
+    }
+    for j in jobs.values():
+        await queue.submit(j)
+    claimed = await queue.claim(list(jobs), now, start_limit=3)
+    assert [c and c.started for c in claimed] == [True, False, False, False, True]
+    assert [c and c.job.attempts for c in claimed] == [0, 0, 3, 0, 0]  # before the count
+    after = {k: await queue.get(k) for k in jobs}
+    assert {k: j and j.attempts for k, j in after.items()} == {
+        "lone": 1, "two": 0, "limit": 3, "late": 0, "fresh": 1
+    }  # fmt: skip
+    assert all(j and j.status is Status.RUNNING for j in after.values())
+    # A redelivered claim counts again only if asked to; a plain claim never counts.
+    (plain,) = await queue.claim(["lone"], now)
+    assert plain is not None and not plain.started and plain.job.attempts == 1
+    cancelled = encode_final(Status.CANCELLED, finished_ms=6, error=JobError("cancelled", "x"))
+    assert await queue.cancel(jobs["fresh"], cancelled, only_if_queued=False) == 1
+    (final,) = await queue.claim(["fresh"], now, start_limit=3)
+    assert final is not None and not final.started and final.job.status is Status.CANCELLED
 
 
 async def test_final_write_is_never_overwritten_and_acks(queue: JobQueue) -> None:
@@ -140,7 +172,7 @@ async def test_cancel_only_if_queued_and_hand_back(queue: JobQueue) -> None:
     assert running is not None
     cancelled = encode_final(Status.CANCELLED, finished_ms=6, error=JobError("cancelled", "x"))
     assert (
-        await queue.cancel(running, cancelled, only_if_queued=True) == 2
+        await queue.cancel(running.job, cancelled, only_if_queued=True) == 2
     )  # started: not cancelled
     await queue.hand_back([entry])  # a stopping worker gives it back, uncounted
     back = await queue.get("c1")

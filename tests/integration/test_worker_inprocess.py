@@ -104,6 +104,36 @@ async def test_stop_hands_back_what_is_not_on_the_device(inproc: Any) -> None:
     assert worker.handed_back == 3 and model.batches == [["on the device"]]
 
 
+async def test_an_idle_worker_counts_a_lone_jobs_start_in_its_claim(inproc: Any) -> None:
+    """The quiet path: a job read by an idle worker alone has its device start counted by the
+    claim, and its batch skips the START round trip; a job read while another runs, or one
+    of two items, still goes through START. Either way the count is on the record before
+    the model runs, so a crash on the device is seen."""
+    model = Recorder()
+    w = inproc(model)
+    worker = await w.start()
+    starts: list[list[str]] = []
+    real_start = worker.queue.start
+
+    async def spy(job_ids: Any, first: Any) -> list[bytes]:
+        starts.append(list(job_ids))
+        return await real_start(job_ids, first)
+
+    worker.queue.start = spy  # type: ignore[method-assign]
+    model.gate.clear()
+    lone = await w.submit("alone")
+    await until(model.entered.is_set, 10, "the lone job on the device")
+    assert decode_job(await w.admin.hgetall(keys.job(lone))).attempts == 1
+    beside = await w.submit("read while the first runs")
+    await until(lambda: worker.book.knows(beside), 10, "the second job held")
+    model.gate.set()
+    assert (await w.final(lone)).status is Status.SUCCEEDED
+    assert (await w.final(beside)).attempts == 1
+    pair = await w.submit("one", "two")
+    assert (await w.final(pair)).attempts == 1
+    assert starts == [[beside], [pair]]
+
+
 async def _status(w: InProcess, job_id: str, status: Status) -> bool:
     job = await w.queue.get(job_id)
     return job is not None and job.status is status

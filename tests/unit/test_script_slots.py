@@ -62,6 +62,7 @@ def test_every_script_call_stays_in_one_slot(spied: tuple[JobQueue, list[Any]]) 
             await q.record_cached(j, {"status": b"x"}, idempotency_key="k" + j.id)
         ids = [j.id for j in jobs]
         await q.claim(ids, 1)
+        await q.claim(ids, 1, start_limit=3)
         await q.start(ids, [True] * len(ids))
         entries = [
             Entry(
@@ -88,5 +89,5 @@ def test_every_script_call_stays_in_one_slot(spied: tuple[JobQueue, list[Any]]) 
         slots = {key_slot(k.encode()) for k in ks}
         assert len(slots) == 1, (name, ks)
     # The shards' slots differ: one call per shard for the batch calls.
-    assert sum(1 for name, _ in calls if name == "claim") == SHARDS
+    assert sum(1 for name, _ in calls if name == "claim") == 2 * SHARDS
     assert sum(1 for name, _ in calls if name == "finish") == SHARDS + 1  # + the cancel
