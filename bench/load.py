@@ -89,7 +89,9 @@ async def closed_loop(
 ) -> LoadResult:
     """`concurrency` clients, each sending its next request as soon as the last answered.
 
-    Requests that both start after the warmup and finish before the end are counted.
+    Requests that finish inside the window (after the warmup, before the end) are counted,
+    whenever they started: counting only those that also started inside it would drop the
+    last latency's worth of work, a third of a 4 s window at a 1.3 s p50 (128 clients).
     """
     res = LoadResult(duration_s=duration_s)
     bodies = _bodies(inputs)
@@ -111,11 +113,11 @@ async def closed_loop(
             try:
                 bs = await _one(conn, target.kind, bodies[i])
             except FAILED:
-                if now >= start:
+                if start <= time.perf_counter() <= end:
                     res.errors += 1
                 continue
             done = time.perf_counter()
-            if now >= start and done <= end:
+            if start <= done <= end:
                 res.latencies_ms.append((done - now) * 1000)
                 res.real_tokens += tokens[i]
                 if bs is not None:
