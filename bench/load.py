@@ -32,7 +32,8 @@ PATHS = {"litserve": "/predict", "infinity": "/embeddings"}
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Where requests go. kind: infer (inferq sync), jobs (submit + long-poll), seed, litserve,
+    """Where requests go. kind: infer (inferq sync), jobs (submit + long-poll), submit (POST
+    /v1/jobs alone, answered 202), seed, litserve,
     infinity, floor-fastapi, floor-redis (PATHS: the route each kind posts to)."""
 
     bases: tuple[str, ...]
@@ -58,6 +59,11 @@ FAILED = (OSError, HTTPError, TimeoutError, RuntimeError)
 
 async def _one(conn: Connection, kind: str, body: Body) -> int | None:
     """One item (`body`) through `kind`; the job's batch size when the server reports one."""
+    if kind == "submit":  # the front door alone: accepted is the answer
+        status, _ = await conn.request("POST", "/v1/jobs", body.data, body.content_type)
+        if status != 202:
+            raise RuntimeError(f"submit answered {status}")
+        return None
     if kind == "jobs":
         status, content = await conn.request("POST", "/v1/jobs", body.data, body.content_type)
         if status != 202 or not (m := _ID.search(content)):

@@ -26,8 +26,8 @@ DEFAULT_OUT = "bench/results" if IN_CHECKOUT else "inferq-bench-results"
 DEFAULT_DOCS = "docs" if IN_CHECKOUT else ""
 # infinity-optimum is not in the default run: it is the peer of `--backend onnx`.
 ALL_SYSTEMS = "ceiling,seed,inferq,jobs,litserve,infinity,frontend,floor-fastapi,floor-redis"
-# What `--systems` takes: the served systems (runner.SERVED) and these three.
-PSEUDO_SYSTEMS = ("ceiling", "jobs", "frontend")
+# What `--systems` takes: the served systems (runner.SERVED) and these four.
+PSEUDO_SYSTEMS = ("ceiling", "jobs", "submit", "frontend")
 
 
 @dataclass(frozen=True)

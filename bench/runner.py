@@ -78,7 +78,9 @@ class Plan:
             served = self.served(model)
             echo = model == "echo"
             per_corpus = 1 if "ceiling" in self.systems and not echo else 0
-            kinds = len(served) + ("inferq" in served and "jobs" in self.systems)
+            kinds = len(served) + ("inferq" in served) * sum(
+                k in self.systems for k in ("jobs", "submit")
+            )
             per_corpus += len(self.concurrency) * kinds
             per_corpus += len(OPEN_FRACTIONS) if "inferq" in served and not echo else 0
             total += per_corpus * len(corpora)
@@ -241,6 +243,7 @@ def run_once(
             kinds: list[tuple[str, str]] = (
                 [("inferq", "infer")]
                 + ([("inferq-jobs", "jobs")] if "jobs" in plan.systems else [])
+                + ([("inferq-submit", "submit")] if "submit" in plan.systems else [])
                 if name == "inferq"
                 else [(name, run.target.kind)]
             )

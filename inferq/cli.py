@@ -188,7 +188,8 @@ def bench(
     systems: Annotated[
         str | None,
         typer.Option(
-            help="Subset of: ceiling, seed, inferq, jobs, litserve, infinity, infinity-optimum "
+            help="Subset of: ceiling, seed, inferq, jobs, submit (POST /v1/jobs alone), litserve, "
+            "infinity, infinity-optimum "
             "(Infinity's own venv, `make bench-infinity`), frontend, floor-fastapi, floor-redis "
             "(with --corpus echo). Default: all but infinity-optimum."
         ),

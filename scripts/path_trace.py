@@ -182,6 +182,7 @@ def main() -> None:
             port = url.rsplit(":", 1)[1].split("/")[0]
             # The same requests without the monitor first: tracing slows every hop.
             plain = asyncio.run(send(run.target.bases[0], args.route, args.requests))
+            log = slowlog_us(r)  # execution times from the untraced requests: MONITOR slows them
             trace = Path(d) / "monitor.txt"
             with trace.open("wb") as out:  # a file: a pipe would fill and stall redis-cli
                 monitor = subprocess.Popen(
@@ -193,7 +194,6 @@ def main() -> None:
                 monitor.terminate()
                 monitor.wait(timeout=10)
             text = trace.read_bytes()
-            log = slowlog_us(r)
         finally:
             run.close()
     reqs = [Request(t0, t1) for t0, t1 in times]
@@ -204,7 +204,7 @@ def main() -> None:
     print(f"\nthe same without the monitor: median {statistics.median(untraced):.0f} µs, "
           f"p90 {untraced[len(untraced) * 9 // 10]:.0f} µs")  # fmt: skip
     print()
-    print(redis_table(log, times[0][0], times[-1][1]))
+    print(redis_table(log, plain[0][0], plain[-1][1]))
 
 
 if __name__ == "__main__":

@@ -158,6 +158,19 @@ async def test_each_kind_posts_to_its_route(kind: str, path: str) -> None:
     assert conn.paths == [path]
 
 
+async def test_submit_posts_a_job_and_wants_202() -> None:
+    conn = _Recorder()
+    with pytest.raises(RuntimeError, match="submit answered 200"):
+        await load._one(conn, "submit", Body(b'{"input":"x"}'))  # type: ignore[arg-type]
+    assert conn.paths == ["/v1/jobs"]
+
+    async def accepted(*_: Any) -> tuple[int, bytes]:
+        return 202, b'{"id":"j","status":"queued"}'
+
+    conn.request = accepted  # type: ignore[method-assign]
+    assert await load._one(conn, "submit", Body(b'{"input":"x"}')) is None  # type: ignore[arg-type]
+
+
 # --- floors ---
 
 
@@ -201,6 +214,11 @@ def test_echo_corpus_plan() -> None:
     assert plan.idle() == ["seed", "litserve", "infinity"]
     # (inferq, inferq-jobs, 2 floors) × 2 loads, no ceiling, no open loop; 2 front-end points
     assert plan.points() == 4 * 2 + 2
+    with_submit = bench_main.BenchOptions(
+        corpus="echo", concurrency="1", systems="inferq,jobs,submit,floor-redis"
+    )
+    # (inferq, inferq-jobs, inferq-submit, floor-redis) × 1 load
+    assert bench_main.plan_from(with_submit).points() == 4
     both = bench_main.plan_from(bench_main.BenchOptions(corpus="short,echo"))
     assert both.unserved("echo") == ["seed", "litserve", "infinity"]
     assert both.unserved("minilm") == ["floor-fastapi", "floor-redis"]
