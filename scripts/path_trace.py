@@ -3,10 +3,10 @@
 Starts the stack the way `inferq bench` does (Redis with AOF, one echo worker at zero delay,
 one API), sends N sequential requests on one keep-alive connection, and lines each request
 up against Redis's own record of it: `redis-cli monitor` (when Redis ran each command, µs
-clock, which client sent it) and `SLOWLOG` at threshold 0 (how long each command ran inside
-Redis). The table's rows are the gaps between the request's landmarks (client send, SUBMIT,
-CLAIM, START, FINISH, client receive): medians over the requests, with the Redis commands
-each hop sent and their execution time.
+clock, which client sent it), and `INFO commandstats` over a first, untraced pass (how long
+each command ran inside Redis). The table's rows are the gaps between the request's
+landmarks (client send, SUBMIT, CLAIM, START, FINISH, client receive): medians over the
+requests, with the Redis commands each hop sent.
 
 Run: .venv/bin/python scripts/path_trace.py [--requests 300] [--route infer|jobs]
      [--env KEY=VALUE ...]
@@ -106,19 +106,6 @@ def parse_monitor(text: bytes, names: dict[str, str]) -> list[tuple[float, str, 
     return out
 
 
-def slowlog_us(r: redis.Redis) -> list[tuple[float, str, float]]:
-    """(start time s, command name, µs inside Redis) for every logged command."""
-    names = script_names()
-    out = []
-    for e in r.slowlog_get(100_000):
-        args = e["command"].split()
-        cmd = args[0].decode().upper() if args else "?"
-        if cmd == "EVALSHA" and len(args) > 1:
-            cmd = names.get(args[1].decode(), "EVALSHA?")
-        out.append((float(e["start_time"]), cmd, float(e["duration"])))
-    return out
-
-
 def assign(reqs: list[Request], monitored: list[tuple[float, str, str]]) -> None:
     """Give each monitored command to the request in flight when Redis ran it."""
     i = 0
@@ -152,14 +139,17 @@ def table(reqs: list[Request]) -> str:
     return "\n".join(rows)
 
 
-def redis_table(log: list[tuple[float, str, float]], t0: float, t1: float) -> str:
-    per: dict[str, list[float]] = defaultdict(list)
-    for t, cmd, ran_us in log:
-        if t0 <= t <= t1 + 1:
-            per[cmd].append(ran_us)
-    rows = ["| command | calls | median µs inside Redis |", "|---|---|---|"]
-    for cmd, us in sorted(per.items(), key=lambda kv: -len(kv[1])):
-        rows.append(f"| {cmd} | {len(us)} | {statistics.median(us):.0f} |")
+def redis_table(stats: dict[str, dict[str, float]], requests: int) -> str:
+    """INFO commandstats over the untraced requests: a script's time includes the commands
+    it ran, which are also counted on their own rows."""
+    rows = ["| command | calls per request | µs per call | µs per request |", "|---|---|---|---|"]
+    for name, st in sorted(stats.items(), key=lambda kv: -kv[1]["usec"]):
+        calls = st["calls"] / requests
+        if calls >= 0.5:
+            rows.append(
+                f"| {name.removeprefix('cmdstat_').upper()} | {calls:.1f} | "
+                f"{st['usec_per_call']:.1f} | {st['usec'] / requests:.1f} |"
+            )
     return "\n".join(rows)
 
 
@@ -176,13 +166,11 @@ def main() -> None:
             assert run.redis_server is not None
             url = run.redis_server.url
             r = redis.Redis.from_url(url)
-            r.config_set("slowlog-log-slower-than", 0)
-            r.config_set("slowlog-max-len", 100_000)
-            r.slowlog_reset()
+            r.config_resetstat()
             port = url.rsplit(":", 1)[1].split("/")[0]
             # The same requests without the monitor first: tracing slows every hop.
             plain = asyncio.run(send(run.target.bases[0], args.route, args.requests))
-            log = slowlog_us(r)  # execution times from the untraced requests: MONITOR slows them
+            stats = r.info("commandstats")  # untraced: MONITOR would slow every command
             trace = Path(d) / "monitor.txt"
             with trace.open("wb") as out:  # a file: a pipe would fill and stall redis-cli
                 monitor = subprocess.Popen(
@@ -204,7 +192,7 @@ def main() -> None:
     print(f"\nthe same without the monitor: median {statistics.median(untraced):.0f} µs, "
           f"p90 {untraced[len(untraced) * 9 // 10]:.0f} µs")  # fmt: skip
     print()
-    print(redis_table(log, plain[0][0], plain[-1][1]))
+    print(redis_table(stats, len(plain) + 20))  # + the warm-up requests
 
 
 if __name__ == "__main__":
