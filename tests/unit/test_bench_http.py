@@ -1,4 +1,5 @@
-"""bench.http, the load generators' HTTP/1.1 client, against small asyncio servers and uvicorn."""
+"""bench.http, the load generators' HTTP/1.1 client, against small asyncio servers and uvicorn; and
+the closed loop's window on such a server."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ from contextlib import asynccontextmanager
 import pytest
 
 from inferq.bench.http import Connection, HTTPError
+from inferq.bench.load import Target, closed_loop
 
 Reply = Callable[[bytes, int], bytes | None]  # (request head, n-th connection) -> raw reply
 
 
 @asynccontextmanager
-async def serve(reply: Reply) -> AsyncIterator[tuple[str, list[int]]]:
-    """A server answering each request with `reply(head)`; None closes the connection.
-    Yields its base URL and the number of requests seen on each connection."""
+async def serve(reply: Reply, delay_s: float = 0.0) -> AsyncIterator[tuple[str, list[int]]]:
+    """A server answering each request with `reply(head)`, `delay_s` after it arrived; None
+    closes the connection. Yields its base URL and the number of requests seen on each
+    connection."""
     per_conn: list[int] = []
     handlers: list[asyncio.Task[None]] = []
 
@@ -34,6 +37,7 @@ async def serve(reply: Reply) -> AsyncIterator[tuple[str, list[int]]]:
                 )  # fmt: skip
                 await reader.readexactly(length)
                 per_conn[n] += 1
+                await asyncio.sleep(delay_s)
                 out = reply(head, n)
                 if out is None:
                     break
@@ -126,3 +130,19 @@ def test_only_plain_http_host_port() -> None:
     for bad in ("https://127.0.0.1:1", "http://127.0.0.1", "127.0.0.1:80"):
         with pytest.raises(ValueError, match="http://host:port"):
             Connection(bad)
+
+
+def test_closed_loop_counts_work_finishing_in_the_window_whenever_it_started() -> None:
+    """4 clients at 0.4 s a request answer 10 requests/s. Rounds end at 0.4 and 0.8 s; the
+    window is 0.2–1.0 s: both rounds count (8 in 0.8 s), where counting only requests that
+    also started after 0.2 s would see the second round alone (5/s)."""
+
+    async def run() -> float:
+        async with serve(lambda head, n: ok(b'{"ok": true}'), delay_s=0.4) as (base, _):
+            res = await closed_loop(
+                Target((base,), "seed"), ["x"], [1], concurrency=4, duration_s=0.8, warmup_s=0.2
+            )
+        assert res.errors == 0
+        return len(res.latencies_ms) / res.duration_s
+
+    assert 8 <= asyncio.run(run()) <= 12
