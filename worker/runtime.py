@@ -268,7 +268,10 @@ class Worker:
         key = id(batch)
         self._on_device[key] = (batch, self.clock.monotonic())
         try:
-            await self.executor.run(await self._start(batch.items), self.book)
+            items = await self._start(batch.items)
+            if items:
+                log.debug("batch on the device: %d items", len(items))
+            await self.executor.run(items, self.book)
         finally:
             del self._on_device[key]
             self._room.set()
