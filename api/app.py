@@ -1,34 +1,61 @@
 """The API app factory: one Redis pool, one completion subscriber, one metrics registry per
-process; one router per resource; one error table (`inferq.api.errors`)."""
+process; one router per resource (`routes/`); one error table (`core.errors`, served by
+`handlers`); the background subsystems (`webhooks/`, `batches/`) built here and handed to
+the routes that need them.
+
+Why the webhook dispatcher and the batch leases run inside the API processes rather than a
+role of their own: both are I/O loops (HTTP calls and Redis waits), which is what an API
+process's event loop does all day; they scale out with the API replicas with nothing more
+to deploy; and nobody who runs `inferq api` alone can end up with webhooks that are never
+delivered or batches that never start. Their share of one process is bounded (slots per
+target, an in-flight window per batch), so a slow target or a big batch costs its own work,
+not the requests beside it.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
+from redis.asyncio import Redis
 
-from inferq.api import batches, embeddings, errors, files, health, jobs, observability, status
-from inferq.api.auth import authenticate, load_api_keys
-from inferq.api.batch_runner import BatchRunner
-from inferq.api.notifier import Notifier
-from inferq.api.schemas import InferRequest, SubmitRequest
-from inferq.api.service import JobService
-from inferq.api.webhook_dispatch import Dispatcher
-from inferq.api.webhooks import check_settings as check_webhook_settings
+from inferq.api import handlers
+from inferq.api.batches.files import FileStore
+from inferq.api.batches.leases import BatchLeases
+from inferq.api.batches.store import BatchStore
+from inferq.api.core.auth import load_api_keys
+from inferq.api.core.embeddings import EmbeddingsRequest
+from inferq.api.core.notifier import Notifier
+from inferq.api.core.schemas import InferRequest, SubmitRequest
+from inferq.api.core.service import JobService
+from inferq.api.middleware import UploadLimit
+from inferq.api.routes import (
+    batches,
+    embeddings,
+    files,
+    health,
+    jobs,
+    observability,
+    status,
+)
+from inferq.api.routes.deps import authenticate
+from inferq.api.webhooks.contract import check_settings as check_webhook_settings
+from inferq.api.webhooks.dispatcher import Dispatcher
 from inferq.shared.metrics import api_metrics
 from inferq.shared.queue import JobQueue
-from inferq.shared.redis_conn import api_client, pubsub_client
+from inferq.shared.redis_conn import api_client, pubsub_client, sibling
 from inferq.shared.registry import WorkerRegistry
 from inferq.shared.settings import Settings
 
 log = logging.getLogger("inferq.api")
 
 # Bodies the routes parse themselves (JSON or multipart), so FastAPI does not list them.
-_BODIES = (SubmitRequest, InferRequest, embeddings.EmbeddingsRequest)
+_BODIES = (SubmitRequest, InferRequest, EmbeddingsRequest)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
@@ -45,47 +72,70 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
-def create_app(settings: Settings) -> FastAPI:
+@dataclass(frozen=True, slots=True)
+class Connections:
+    """The process's Redis clients: `requests`, the pool every request and store uses, and
+    `blocking()`, a new client for one long blocking read (the completion subscriber, the
+    delivery reader), with no socket timeout and a connection of its own."""
+
+    requests: Redis
+    blocking: Callable[[], Redis]
+
+
+def connect(settings: Settings) -> Connections:
+    url = settings.redis_url.get_secret_value()
+    # Set: both kinds of client find (and follow) the master through the sentinels.
+    where = {
+        "sentinels": settings.redis_sentinels,
+        "sentinel_master": settings.redis_sentinel_master,
+        "cluster": settings.redis_cluster,
+    }
+    requests = api_client(
+        url, timeout_s=settings.redis_timeout_s, pool_size=settings.redis_pool_size, **where
+    )
+    return Connections(
+        requests, lambda: pubsub_client(url, connect_timeout_s=settings.redis_timeout_s, **where)
+    )
+
+
+def create_app(settings: Settings, *, redis: Redis | None = None) -> FastAPI:
+    """The app. `redis`: a client to use instead of connecting to `INFERQ_REDIS_URL` (tests
+    pass fakeredis or their own server's); blocking reads get siblings of it."""
     metrics = api_metrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        url = settings.redis_url.get_secret_value()
-        # Set: both clients find (and follow) the master through the sentinels.
-        sentinel = {
-            "sentinels": settings.redis_sentinels,
-            "sentinel_master": settings.redis_sentinel_master,
-            "cluster": settings.redis_cluster,
-        }
-        redis = api_client(
-            url, timeout_s=settings.redis_timeout_s, pool_size=settings.redis_pool_size, **sentinel
-        )
-        notifier = Notifier(
-            pubsub_client(url, connect_timeout_s=settings.redis_timeout_s, **sentinel)
-        )
+        conns = connect(settings) if redis is None else Connections(redis, lambda: sibling(redis))
+        notifier = Notifier(conns.blocking())
         await notifier.start()
-        queue = JobQueue(redis, result_ttl_s=settings.result_ttl_s, shards=settings.stream_shards)
-        app.state.jobs = JobService(settings, queue, WorkerRegistry(redis), notifier, metrics)
-        # Webhook deliveries (when a signing key is set); its blocking reads get their own
-        # connection without a socket timeout, like the notifier's.
-        webhooks = Dispatcher.launch(
-            settings, queue, metrics,
-            lambda: pubsub_client(url, connect_timeout_s=settings.redis_timeout_s, **sentinel),
-        )  # fmt: skip
-        # Batch API: the file and batch stores, and this process's share of running batches.
-        batch_runner = await BatchRunner.launch(app.state, redis, metrics)
+        queue = JobQueue(
+            conns.requests, result_ttl_s=settings.result_ttl_s, shards=settings.stream_shards
+        )
+        app.state.jobs = service = JobService(
+            settings, queue, WorkerRegistry(conns.requests), notifier, metrics
+        )
+        # The Batch API's stores (its routes read them) and this process's share of the
+        # running batches; webhook deliveries when a signing key is set.
+        app.state.files = FileStore(conns.requests, ttl_s=settings.batch_file_ttl_s)
+        app.state.batches = BatchStore(conns.requests, ttl_s=settings.batch_file_ttl_s)
+        app.state.batch_leases = leases = BatchLeases(
+            app.state.batches, app.state.files, service, metrics
+        )
+        await leases.start()
+        webhooks = Dispatcher.launch(settings, queue, metrics, conns.blocking)
         log.info("api ready: models=%s", ",".join(sorted(settings.served_models)))
         if not app.state.api_keys:
             log.warning("INFERQ_API_KEYS is not set: the API is open to anyone who can reach it")
         try:
             yield
         finally:
-            await batch_runner.stop()  # hands its leases back: another process resumes at once
+            await leases.stop()  # hands its leases back: another process resumes at once
             notifier.wake_all()  # open long-polls answer with the current state
             await notifier.close()
             if webhooks is not None:
                 await webhooks.stop()
-            await redis.aclose()
+            if redis is None:
+                await conns.requests.aclose()
 
     api_keys = load_api_keys(settings)
     check_webhook_settings(settings)  # a malformed secret list or allow-list stops the start
@@ -102,9 +152,10 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.api_keys = api_keys
     app.state.metrics = metrics
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
-    errors.install(app)
+    handlers.install(app)
     # Behind INFERQ_API_KEYS: everything but liveness/readiness and the status page's static
-    # HTML (it holds no data; its script sends the key it is given to /v1/health).
+    # HTML (it holds no data; its script sends the key it is given to /v1/health). The job
+    # and embeddings routes take the tenant as a parameter (their jobs belong to it).
     authed = [Depends(authenticate)]
     app.include_router(jobs.router)
     app.include_router(health.router)
@@ -116,7 +167,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(status.router)
     # INFERQ_MAX_BODY_BYTES, but INFERQ_MAX_BATCH_FILE_BYTES for file uploads.
     app.add_middleware(
-        files.UploadLimit,
+        UploadLimit,
         max_body_bytes=settings.max_body_bytes,
         max_file_bytes=settings.max_batch_file_bytes,
     )

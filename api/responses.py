@@ -7,8 +7,6 @@ from typing import Any
 import orjson
 from fastapi.responses import JSONResponse
 
-from inferq.shared.jobs import Job
-
 
 class FastJSON(JSONResponse):
     media_type = "application/json"
@@ -17,21 +15,12 @@ class FastJSON(JSONResponse):
         return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def error_body(code: str, message: str) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message}}
-
-
-def job_view(job: Job) -> dict[str, Any]:
-    view: dict[str, Any] = {"id": job.id, "model": job.model, "status": str(job.status)}
-    if job.outputs is not None:
-        view["outputs"] = job.outputs
-    if job.error is not None:
-        view["error"] = {"code": job.error.code, "message": job.error.message}
-    view["timings"] = job.timings()
-    if job.worker:
-        view["worker"] = job.worker
-    return view
-
-
-def accepted_view(job: Job) -> dict[str, Any]:
-    return {"id": job.id, "status": str(job.status), "model": job.model}
+def list_page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """OpenAI's list object around one page of `data`."""
+    return {
+        "object": "list",
+        "data": data,
+        "has_more": has_more,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+    }

@@ -185,12 +185,18 @@ async def open_loop(
         task = asyncio.create_task(fire(at, n % len(inputs), n))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
-    if tasks:
-        _, pending = await asyncio.wait(tasks, timeout=grace_s)
-        for task in pending:
-            task.cancel()
-        res.errors += len(pending)
+    res.errors += await _settle(tasks, grace_s)
     for conns in idle.values():
         for conn in conns:
             conn.close()
     return res
+
+
+async def _settle(tasks: set[asyncio.Task[None]], grace_s: float) -> int:
+    """Wait `grace_s` for requests still out; cancel the rest and count them."""
+    if not tasks:
+        return 0
+    _, pending = await asyncio.wait(tasks, timeout=grace_s)
+    for task in pending:
+        task.cancel()
+    return len(pending)

@@ -3,7 +3,7 @@
 `render()` builds the page: one row per field of `inferq.shared.settings.Settings`, in
 declaration order, with its environment variable, type, default and description. Run
 `python -m inferq.configdoc [PATH]` from the repository root to rewrite the file
-(default `docs/configuration.md`); `tests/unit/test_docs.py` fails while it is out of date.
+(default `docs/configuration.md`); `tests/tools/test_docs.py` fails while it is out of date.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ and exit code 2.
 
 This page is generated from `shared/settings.py` (the `Settings` class: names, types,
 defaults and the `description` of each `Field`). Change the descriptions there, then run
-`{REGENERATE}`; `tests/unit/test_docs.py` fails while this page is out of date.
+`{REGENERATE}`; `tests/tools/test_docs.py` fails while this page is out of date.
 """
 
 _SCALARS = {

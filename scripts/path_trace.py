@@ -31,7 +31,8 @@ import redis
 
 from inferq.bench import systems
 from inferq.bench.http import Connection
-from inferq.shared import scripts
+from inferq.shared import lua
+from inferq.shared.lua import queue as scripts
 
 LANDMARKS = ("SUBMIT", "CLAIM", "START", "FINISH")
 _LINE = re.compile(rb'^(\d+\.\d+) \[\d+ ([^\]]+)\] "([^"]+)"(?: "([^"]*)")?')
@@ -63,7 +64,7 @@ def script_names() -> dict[str, str]:
     """sha1 → script name, for the scripts one round trip runs."""
     out = {}
     for name in (*LANDMARKS, "REFRESH"):
-        body = scripts.source(getattr(scripts, name))
+        body = lua.source(getattr(scripts, name))
         out[hashlib.sha1(body.encode()).hexdigest()] = name
     return out
 

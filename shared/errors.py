@@ -14,7 +14,7 @@ InferqError
     └── InputInvalid      an input that can never run; names the problem
 
 Domain errors say what went wrong; which HTTP status and error code a client sees for each
-is the API's business (`inferq.api.errors`), so the same error can answer differently on
+is the API's business (`inferq.api.core.errors`), so the same error can answer differently on
 the OpenAI-shaped routes. Redis failures are turned into `QueueUnavailable` at the broker's
 boundary (`inferq.shared.redis_conn.unavailable`), so no caller handles redis-py's types.
 """

@@ -50,13 +50,13 @@ import functools
 
 from redis.crc import key_slot
 
+from inferq.shared.schema import LANES as LANES  # highest first: a stream per lane and shard
+
 PREFIX = "inferq"
 GROUP = "workers"
 WEBHOOK_GROUP = "deliverers"
 BATCHES_ACTIVE = f"{PREFIX}:batches:active"
 DONE_PATTERN = f"{PREFIX}:done:*"
-#: Priority lanes, highest first; each is its own stream with its own consumer group.
-LANES = ("high", "normal", "low")
 
 
 SLOTS = 16384

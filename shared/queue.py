@@ -8,6 +8,7 @@ turns a Redis failure into `QueueUnavailable` (`inferq.shared.redis_conn.unavail
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,14 +17,24 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
-from inferq.shared import keys, scripts
+from inferq.shared import keys, lua
 from inferq.shared.jobs import Job, decode_job, encode_submit, input_bytes, now_ms, pack_field
-from inferq.shared.queue_reads import QueueReads, _s
-from inferq.shared.redis_conn import unavailable
+from inferq.shared.lua import queue as scripts
+from inferq.shared.redis_conn import as_str, unavailable
 from inferq.shared.replicas import call_and_wait
 from inferq.shared.schema import ENTRY_JOB
 
 _ENTRY_JOB = ENTRY_JOB.encode()
+# FINISH's first KEYS, in its order: one shard's counters, dead letters, webhooks and cache.
+_FINISH_SHARD_KEYS = (
+    keys.queued_items,
+    keys.queued_bytes,
+    keys.dead,
+    keys.webhooks,
+    keys.cache_index,
+    keys.cache_sizes,
+    keys.cache_bytes,
+)
 
 
 @dataclass(slots=True)
@@ -79,7 +90,12 @@ def per_shard(total: int, shards: int) -> int:
     return -(-total // shards)
 
 
-class JobQueue(QueueReads):
+def _entry_ms(entry_id: bytes | str) -> int:
+    """Milliseconds part of a stream entry id `<ms>-<seq>`."""
+    return int(as_str(entry_id).split("-", 1)[0])
+
+
+class JobQueue:
     """Thin async wrapper over one Redis client; both the API and the worker use it.
 
     `shards`: how many streams each model's queue is spread over (`INFERQ_STREAM_SHARDS`).
@@ -93,12 +109,12 @@ class JobQueue(QueueReads):
         self.shards = shards
         # A cluster client refuses scripts inside a pipeline: calls go out side by side.
         self.cluster = isinstance(redis, RedisCluster)
-        self._submit = redis.register_script(scripts.source(scripts.SUBMIT))
-        self._claim = redis.register_script(scripts.source(scripts.CLAIM))
-        self._finish = redis.register_script(scripts.source(scripts.FINISH))
-        self._hand_back = redis.register_script(scripts.source(scripts.HAND_BACK))
-        self._start = redis.register_script(scripts.source(scripts.START))
-        self._cached = redis.register_script(scripts.source(scripts.CACHED))
+        self._submit = redis.register_script(lua.source(scripts.SUBMIT))
+        self._claim = redis.register_script(lua.source(scripts.CLAIM))
+        self._finish = redis.register_script(lua.source(scripts.FINISH))
+        self._hand_back = redis.register_script(lua.source(scripts.HAND_BACK))
+        self._start = redis.register_script(lua.source(scripts.START))
+        self._cached = redis.register_script(lua.source(scripts.CACHED))
 
     # --- API side ---
     @unavailable
@@ -114,9 +130,8 @@ class JobQueue(QueueReads):
     ) -> Submitted:
         """Admit, record and enqueue atomically (retry-safe: keyed by job id / idempotency key)."""
         size = sum(input_bytes(v) for v in job.inputs)
-        argv: list[bytes | str | int] = [
-            job.id, len(job.inputs), max_queue, idempotency_ttl_s, size, max_bytes,
-        ]  # fmt: skip
+        argv: list[bytes | str | int] = [job.id, len(job.inputs), max_queue]
+        argv += [idempotency_ttl_s, size, max_bytes]
         for k, v in encode_submit(job).items():
             argv += [k, v]
         shard = shard_of(job.id)
@@ -134,7 +149,7 @@ class JobQueue(QueueReads):
         (outcome, value), acked = await call_and_wait(
             self.redis, self._submit, script_keys, argv, wait, renew
         )
-        outcome, value = _s(outcome), _s(value)
+        outcome, value = as_str(outcome), as_str(value)
         if outcome == "ok":
             job.entry = value
             return Submitted("created", job.id, value, replicas=acked)
@@ -165,8 +180,8 @@ class JobQueue(QueueReads):
                 keys.idempotency(job.tenant, idempotency_key, job.model, shard, self.shards)
             )
         outcome, value = await self._cached(keys=script_keys, args=argv)
-        if _s(outcome) == "dup":
-            return Submitted("duplicate", _s(value))
+        if as_str(outcome) == "dup":
+            return Submitted("duplicate", as_str(value))
         return Submitted("created", job.id)
 
     @unavailable
@@ -188,14 +203,14 @@ class JobQueue(QueueReads):
         for f in finals:
             if f.stream:  # outcomes written from outside a worker have no entry to ack
                 by_stream.setdefault(f.stream, []).append(f.entry_id)
-        script_keys = [
-            keys.queued_items(model, shard, self.shards), keys.queued_bytes(model, shard, self.shards),
-            keys.dead(model, shard, self.shards), keys.webhooks(model, shard, self.shards), keys.cache_index(model, shard, self.shards),
-            keys.cache_sizes(model, shard, self.shards), keys.cache_bytes(model, shard, self.shards), *by_stream,
-        ]  # fmt: skip
+        script_keys = [k(model, shard, self.shards) for k in _FINISH_SHARD_KEYS] + list(by_stream)
         argv: list[bytes | str | int] = [
-            self.result_ttl_s, "1" if only_if_queued else "0", now_ms(), keys.GROUP, len(by_stream),
-        ]  # fmt: skip
+            self.result_ttl_s,
+            "1" if only_if_queued else "0",
+            now_ms(),
+            keys.GROUP,
+            len(by_stream),
+        ]
         for ids in by_stream.values():
             argv += [len(ids), *ids]
         for f in finals:
@@ -257,7 +272,9 @@ class JobQueue(QueueReads):
             for entry_id, fields in items:
                 job_id = (fields or {}).get(_ENTRY_JOB)
                 # A deleted entry still in the PEL reads back with no fields.
-                entries.append(Entry(_s(stream), _s(entry_id), job_id.decode() if job_id else ""))
+                entries.append(
+                    Entry(as_str(stream), as_str(entry_id), job_id.decode() if job_id else "")
+                )
         return entries
 
     async def _per_shard(
@@ -292,9 +309,10 @@ class JobQueue(QueueReads):
 
         return [
             Claimed(decode_job(dict(zip(r[0][::2], r[0][1::2], strict=True))), bool(r[1]))
-            if r else None
+            if r
+            else None
             for r in await self._per_shard(job_ids, call)
-        ]  # fmt: skip
+        ]
 
     @unavailable
     async def start(self, job_ids: Sequence[str], first: Sequence[bool]) -> list[bytes]:
@@ -340,7 +358,7 @@ class JobQueue(QueueReads):
                 reply = await self.redis.xautoclaim(
                     s, keys.GROUP, consumer, stuck_idle_ms, start_id=cursor, count=100
                 )
-                cursor, claimed = _s(reply[0]), reply[1]
+                cursor, claimed = as_str(reply[0]), reply[1]
                 taken += self._entries([(s, claimed)])
                 # reply[2] lists ids deleted while pending: XAUTOCLAIM already dropped them.
                 if cursor == "0-0":
@@ -396,3 +414,84 @@ class JobQueue(QueueReads):
 
         await asyncio.gather(*(call(m, sh, g) for (m, sh), g in by_shard.items()))
         return [outcome[f.job_id] for f in finals]
+
+    # --- what the queue looks like from outside (reads only; a model's shards add up) ---
+    def streams(self, model: str) -> list[str]:
+        """Every stream of `model`: each shard's lanes."""
+        return [s for shard in range(self.shards) for s in keys.streams(model, shard, self.shards)]
+
+    @unavailable
+    async def queue_depth(self, model: str) -> int:
+        """Jobs waiting or running: acked entries are deleted, so stream lengths are it."""
+        async with self.redis.pipeline(transaction=False) as p:
+            for s in self.streams(model):
+                p.xlen(s)
+            return sum(int(n) for n in await p.execute())
+
+    async def _sum(self, key: Callable[[str, int, int], str], model: str) -> int:
+        async with self.redis.pipeline(transaction=False) as p:
+            for shard in range(self.shards):
+                p.get(key(model, shard, self.shards))
+            return sum(int(n or 0) for n in await p.execute())
+
+    @unavailable
+    async def queued_items(self, model: str) -> int:
+        return await self._sum(keys.queued_items, model)
+
+    @unavailable
+    async def queued_bytes(self, model: str) -> int:
+        return await self._sum(keys.queued_bytes, model)
+
+    @unavailable
+    async def position(self, job: Job, limit: int = 1000) -> int:
+        """Entries ahead of `job`: all of higher lanes plus the older ones of its own (capped),
+        over every shard (entry ids of other shards compare by their time part)."""
+        ahead = 0
+        async with self.redis.pipeline(transaction=False) as p:
+            for shard in range(self.shards):
+                for lane in keys.LANES[: keys.LANES.index(job.priority)]:
+                    p.xlen(keys.stream(job.model, lane, shard, self.shards))
+                if job.entry:
+                    own = keys.stream(job.model, job.priority, shard, self.shards)
+                    p.xrange(own, "-", f"({job.entry}", count=limit)
+            replies = await p.execute()
+        for r in replies:
+            ahead += len(r) if isinstance(r, list) else int(r)
+        return ahead
+
+    @unavailable
+    async def ping(self) -> float:
+        """Round trip to Redis, in ms."""
+        started = time.perf_counter()
+        await self.redis.ping()
+        return round((time.perf_counter() - started) * 1000, 3)
+
+    @unavailable
+    async def lanes(self, models: Sequence[str]) -> dict[str, tuple[int, int | None]]:
+        """Per model, over all lanes: (entries, ms timestamp of the oldest entry or None)."""
+        n = len(keys.LANES) * self.shards
+        async with self.redis.pipeline(transaction=False) as p:
+            for m in models:
+                for s in self.streams(m):
+                    p.xlen(s)
+                    p.xrange(s, "-", "+", count=1)
+            replies = await p.execute()
+        out: dict[str, tuple[int, int | None]] = {}
+        for i, m in enumerate(models):
+            mine = replies[2 * n * i : 2 * n * (i + 1)]
+            firsts = [_entry_ms(first[0][0]) for first in mine[1::2] if first]
+            out[m] = (sum(int(d) for d in mine[::2]), min(firsts) if firsts else None)
+        return out
+
+    @unavailable
+    async def consumers(self, model: str) -> dict[str, int]:
+        """Consumer name → pending count, over all lanes."""
+        out: dict[str, int] = {}
+        for s in self.streams(model):
+            try:
+                for c in await self.redis.xinfo_consumers(s, keys.GROUP):
+                    name = as_str(c["name"])
+                    out[name] = out.get(name, 0) + int(c.get("pending", 0))
+            except ResponseError:
+                continue
+        return out

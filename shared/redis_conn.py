@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ParamSpec, TypeVar, cast
 from urllib.parse import urlsplit
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
@@ -66,6 +66,12 @@ def refused_inside_script(e: ResponseError) -> bool:
     """A script error that is one of `REDIS_DOWN`'s refusals underneath (Redis 6.2)."""
     msg = str(e)
     return "script" in msg and any(r in msg for r in _REFUSALS_IN_SCRIPTS)
+
+
+def as_str(value: bytes | str) -> str:
+    """A reply value as text: clients here read bytes (no `decode_responses`), fakeredis and
+    a few replies give str."""
+    return value.decode() if isinstance(value, bytes) else value
 
 
 RETRY_ON = (RedisConnectionError, RedisTimeoutError, ConnectionResetError, OSError)
@@ -300,3 +306,15 @@ def worker_client(
     if sentinels:
         return _via_sentinels(url, sentinels, sentinel_master, SentinelConnectionPool, **policy)
     return Redis.from_url(url, **policy, **_tls_kwargs(url))
+
+
+def sibling(redis: Redis) -> Redis:
+    """A client of its own on the server `redis` talks to, for one long blocking read (no
+    socket timeout), as `pubsub_client` makes from a URL. For a plain client only (tests
+    hand the API theirs, fakeredis included): a cluster or sentinel client has no single
+    server to copy."""
+    if isinstance(redis, RedisCluster | SentinelRedis):
+        raise TypeError("sibling() copies a plain client's connection; use pubsub_client()")
+    pool = redis.connection_pool
+    kwargs = pool.connection_kwargs | {"socket_timeout": None}
+    return Redis(connection_pool=ConnectionPool(connection_class=pool.connection_class, **kwargs))

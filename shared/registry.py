@@ -6,7 +6,7 @@ expiry ms). The API reads both for readiness, /v1/health, /v1/models and admissi
 (throughput); another worker reads the hash's existence to tell a dead consumer from a live
 one. The beat also keeps the worker's held entries fresh (XCLAIM JUSTID resets their idle
 time without counting a delivery), so no live worker's jobs are taken over, and only those
-still in its own pending list (`scripts.REFRESH`): a worker that was frozen past its TTL and
+still in its own pending list (`lua.queue.REFRESH`): a worker that was frozen past its TTL and
 resumes must not steal back what another worker took over; it learns they are lost.
 
 `WorkerBeat` is the heartbeat's schema, written and read only here.
@@ -24,8 +24,9 @@ import orjson
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from inferq.shared import keys, scripts
-from inferq.shared.redis_conn import unavailable
+from inferq.shared import keys, lua
+from inferq.shared.lua import queue as scripts
+from inferq.shared.redis_conn import as_str, unavailable
 
 
 @dataclass(slots=True)
@@ -79,7 +80,7 @@ class ModelInfo:
 
     @classmethod
     def from_hash(cls, raw: Mapping[bytes | str, bytes | str]) -> ModelInfo | None:
-        f = {_text(k): _text(v) for k, v in raw.items()}
+        f = {as_str(k): as_str(v) for k, v in raw.items()}
         if "inputs" not in f:
             return None
         try:
@@ -100,10 +101,6 @@ _TYPES: dict[str, str] = {f.name: str(f.type) for f in dataclasses.fields(Worker
 _RANK = {name: i for i, name in enumerate(_TYPES)}
 
 
-def _text(v: bytes | str) -> str:
-    return v.decode(errors="replace") if isinstance(v, bytes) else v
-
-
 def _number(v: str, kind: str) -> int | float | str | None:
     if v == "" or v.lower() == "none":
         return None
@@ -119,7 +116,7 @@ def decode_beat(raw: Mapping[bytes | str, bytes | str]) -> dict[str, Any]:
     a calibration that is not JSON is returned as its string."""
     out: dict[str, Any] = {}
     fields = sorted(
-        ((_text(k), _text(v)) for k, v in raw.items()),
+        ((as_str(k), as_str(v)) for k, v in raw.items()),
         key=lambda kv: (_RANK.get(kv[0], len(_RANK)), kv[0]),
     )
     for key, val in fields:
@@ -141,7 +138,7 @@ class WorkerRegistry:
 
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
-        self._refresh = redis.register_script(scripts.source(scripts.REFRESH))
+        self._refresh = redis.register_script(lua.source(scripts.REFRESH))
 
     @unavailable
     async def beat(
@@ -168,7 +165,7 @@ class WorkerRegistry:
         if cluster:  # no scripts in a cluster pipeline, and one slot (shard) per call
             return await self._refresh_by_shard(beat.id, held)
         lost = zip(held, replies[-1], strict=True)
-        return {s: [_text(i) for i in ids] for s, ids in lost if ids}
+        return {s: [as_str(i) for i in ids] for s, ids in lost if ids}
 
     async def _refresh_by_shard(
         self, consumer: str, held: dict[str, list[str]]
@@ -182,7 +179,7 @@ class WorkerRegistry:
             for ids in part.values():
                 argv += [len(ids), *ids]
             reply = await self._refresh(keys=list(part), args=argv)
-            return {s: [_text(i) for i in ids] for s, ids in zip(part, reply, strict=True) if ids}
+            return {s: [as_str(i) for i in ids] for s, ids in zip(part, reply, strict=True) if ids}
 
         lost: dict[str, list[str]] = {}
         for part in await asyncio.gather(*(one(p) for p in by_tag.values())):
@@ -209,7 +206,7 @@ class WorkerRegistry:
     async def live(self, model: str, now_ms: int) -> list[str]:
         """Worker ids of `model` whose beat has not expired."""
         ids: list[bytes] = await self.redis.zrangebyscore(keys.workers(model), now_ms, "+inf")  # type: ignore[assignment]
-        return [_text(i) for i in ids]
+        return [as_str(i) for i in ids]
 
     @unavailable
     async def alive(self, worker_ids: Sequence[str]) -> list[bool]:
@@ -239,7 +236,7 @@ class WorkerRegistry:
         async with self.redis.pipeline(transaction=False) as p:
             for m in models:
                 p.zrangebyscore(keys.workers(m), now_ms, "+inf")
-            ids_per_model = [[_text(i) for i in ids] for ids in await p.execute()]
+            ids_per_model = [[as_str(i) for i in ids] for ids in await p.execute()]
         flat = [wid for ids in ids_per_model for wid in ids]
         raws: list[Any] = []
         if flat:

@@ -1,8 +1,8 @@
-"""The names both sides and the Lua scripts agree on: statuses, job fields, error codes.
+"""The names both sides and the Lua scripts agree on: statuses, fields, lanes, error codes.
 
-Defined once here; `inferq.shared.scripts` injects them into every Lua script, the codec
-(`inferq.shared.jobs`) writes and reads them, and the API shows them. Renaming one is a
-schema change: bump `SCHEMA_VERSION`.
+Defined once here; `inferq.shared.lua` injects them into every Lua script (queue, batches,
+files, webhooks), the codec (`inferq.shared.jobs`) writes and reads them, and the API shows
+them. Renaming a job field or status is a schema change: bump `SCHEMA_VERSION`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,19 @@ from enum import StrEnum
 SCHEMA_VERSION = 1
 #: The one field of a job stream entry: the job id (the record lives in `keys.job(id)`).
 ENTRY_JOB = "job"
+
+
+class Lane(StrEnum):
+    """A priority lane: each is its own stream; workers read higher lanes first, and every
+    lane still gets a turn (`inferq.worker.policy.lanes`)."""
+
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+
+#: The lanes, highest priority first.
+LANES: tuple[str, ...] = tuple(str(lane) for lane in Lane)
 
 
 class Status(StrEnum):
@@ -94,3 +107,68 @@ class JobField(StrEnum):
     WEBHOOK = "webhook"  # {"url": ...}: POSTed the job's view when final (inferq.api.webhooks)
     CACHE = "cache"  # {"key", "ttl_s", "max_bytes"}: where FINISH stores the outputs on success
     CACHED = "cached"  # true: the outputs were answered from the result cache, no worker ran
+
+
+class BatchStatus(StrEnum):
+    """A batch's state (OpenAI's Batch API): validating → in_progress → finalizing →
+    completed, or → cancelling → cancelled, expired, failed."""
+
+    VALIDATING = "validating"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+    @property
+    def timestamp(self) -> str:
+        """The record field stamped when a batch enters this status (`<status>_at`)."""
+        return f"{self.value}_at"
+
+
+BATCH_FINAL = frozenset(
+    {BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED}
+)
+
+
+class BatchField(StrEnum):
+    """Fields of a batch record (`keys.batch(id)`): plain strings, not msgpack."""
+
+    ID = "id"
+    TENANT = "tenant"
+    STATUS = "status"
+    ENDPOINT = "endpoint"
+    INPUT_FILE_ID = "input_file_id"
+    COMPLETION_WINDOW = "completion_window"
+    CREATED_AT = "created_at"
+    EXPIRES_AT = "expires_at"
+    TOTAL = "total"
+    COMPLETED = "completed"  # lines with an output line, moved only with the results
+    FAILED = "failed"  # lines with an error line, likewise
+    METADATA = "metadata"
+    OUTPUT_FILE_ID = "output_file_id"
+    ERROR_FILE_ID = "error_file_id"
+    ERRORS = "errors"
+
+
+class FileField(StrEnum):
+    """Fields of a file's metadata hash (`keys.file(id)`): plain strings."""
+
+    ID = "id"
+    TENANT = "tenant"
+    FILENAME = "filename"
+    PURPOSE = "purpose"
+    BYTES = "bytes"
+    CREATED_AT = "created_at"
+    EXPIRES_AT = "expires_at"
+
+
+class DeliveryField(StrEnum):
+    """Fields of a webhook stream entry: `{job}` when queued by FINISH/CACHED, `{delivery}`
+    when a retry is due again; a dead letter carries all three."""
+
+    JOB = ENTRY_JOB  # what FINISH and CACHED write: the same field as a job stream entry
+    DELIVERY = "delivery"
+    REASON = "reason"

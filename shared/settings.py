@@ -54,7 +54,9 @@ class Settings(BaseSettings):
         description="Redis URL (redis://, rediss:// for TLS, unix://). Secret: it may carry a password.",
     )
     model: str = Field(
-        "minilm", description="Default model: 'minilm', 'echo', 'name=pkg.mod:Class'."
+        "minilm",
+        description="The model served when a request names none: 'minilm', 'echo', "
+        "'name=pkg.mod:Class'.",
     )
     models: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -64,12 +66,21 @@ class Settings(BaseSettings):
     data_dir: Path = Field(
         Path(".inferq"), description="Where `inferq up` keeps its Redis data (AOF) and local state."
     )
-    log_level: str = Field("INFO", description="Python logging level.")
-    log_format: Literal["text", "json"] = Field("text", description="Log line format.")
+    log_level: str = Field(
+        "INFO", description="Python logging level: DEBUG adds a line per batch (costs CPU per job)."
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="Log lines as text (for people) or one JSON object each (for collectors).",
+    )
 
     # --- api ---
     max_inputs_per_job: int = Field(256, gt=0, description="More inputs per job → 413.")
-    max_input_chars: int = Field(20_000, gt=0, description="Longer single input → 413.")
+    max_input_chars: int = Field(
+        20_000,
+        gt=0,
+        description="Characters one text input may have; a longer one is refused (413).",
+    )
     max_body_bytes: int = Field(
         32 * 1024 * 1024,
         gt=0,
@@ -172,7 +183,11 @@ class Settings(BaseSettings):
     webhook_backoff_s: float = Field(
         1.0, gt=0, description="First retry delay; doubles per attempt (with jitter)."
     )
-    webhook_backoff_max_s: float = Field(600.0, gt=0, description="Longest retry delay.")
+    webhook_backoff_max_s: float = Field(
+        600.0,
+        gt=0,
+        description="Longest retry delay: caps the doubling, and a Retry-After asking for more.",
+    )
     webhook_concurrency: int = Field(
         16, gt=0, description="Deliveries one API process makes at once."
     )
@@ -224,14 +239,21 @@ class Settings(BaseSettings):
         "seq2seq directory the 'generate' model serves.",
     )
     device: str = Field("auto", description="'auto' (cuda if present), 'cpu', 'cuda', 'cuda:N'.")
-    dtype: Literal["float32", "float16"] = Field("float32", description="CUDA only.")
+    dtype: Literal["float32", "float16"] = Field(
+        "float32",
+        description="Weights and activations on CUDA: float16 halves memory, at some precision.",
+    )
     max_batch_tokens: int = Field(
         8192,
         gt=0,
         description="Padded tokens per batch (items × longest). The memory bound: raise it until "
         "the device is compute-bound, keep it below what fits in memory.",
     )
-    max_batch_size: int = Field(32, gt=0, description="Items per batch.")
+    max_batch_size: int = Field(
+        32,
+        gt=0,
+        description="Most items per batch, whatever their cost: larger batches, more latency.",
+    )
     max_wait_ms: float = Field(
         0.0,
         ge=0,
@@ -264,9 +286,20 @@ class Settings(BaseSettings):
         description="Items a worker holds, running batches included (0 = 2 × max_batch_size). "
         "More fills batches better; less leaves work for other workers.",
     )
-    read_block_ms: int = Field(1000, gt=0, description="XREADGROUP BLOCK: idle wake-up period.")
-    worker_id: str = Field("", description="Stable consumer name; default host:device:model.")
-    heartbeat_s: float = Field(1.0, gt=0, description="Heartbeat period.")
+    read_block_ms: int = Field(
+        1000,
+        gt=0,
+        description="An idle worker's XREADGROUP BLOCK: how often it wakes with nothing read.",
+    )
+    worker_id: str = Field(
+        "",
+        description="Stable consumer name, so a restart finds its own pending jobs; default host:device:model.",
+    )
+    heartbeat_s: float = Field(
+        1.0,
+        gt=0,
+        description="How often a worker writes its heartbeat (and keeps its entries fresh).",
+    )
     heartbeat_ttl_s: float = Field(
         5.0, gt=0, description="A worker is dead this long after its last beat."
     )
@@ -345,7 +378,9 @@ class Settings(BaseSettings):
         description="generate model: the most tokens a request may ask for (parameters."
         "max_new_tokens, default 32); the KV cache, and so the batch cost, grows with it.",
     )
-    echo_batch_delay_ms: float = Field(0.0, ge=0, description="echo model: sleep per batch.")
+    echo_batch_delay_ms: float = Field(
+        0.0, ge=0, description="echo model: a sleep per batch, to stand in for a slow device."
+    )
     echo_token_delay_ms: float = Field(0.0, ge=0, description="echo model: sleep per padded token.")
 
     @field_validator("models", "redis_sentinels", "webhook_allow", "cache_models", mode="before")

@@ -1,4 +1,5 @@
-"""Markers by directory (tests/unit → unit, tests/integration → integration), and under
+"""Markers by directory (tests/unit → unit, tests/integration → integration, tests/tools →
+tools: checks of the benchmark, docs, deploy files and the code's shape), and under
 `CI=true` no silent skips: a test or module that skips (a missing dependency, a missing
 binary) fails instead, so a broken install can never pass CI by running less."""
 
@@ -19,7 +20,7 @@ def in_ci() -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).resolve().relative_to(ROOT).parts
-        if parts and parts[0] in ("unit", "integration"):
+        if parts and parts[0] in ("unit", "integration", "tools"):
             item.add_marker(getattr(pytest.mark, parts[0]))
 
 

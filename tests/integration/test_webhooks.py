@@ -21,11 +21,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
-from inferq.api.webhook_dispatch import Dispatcher
-from inferq.api.webhook_scripts import PROMOTE, SETTLE
-from inferq.api.webhooks import Delivery, Poster
-from inferq.shared import keys
+from inferq.api.webhooks.contract import Delivery
+from inferq.api.webhooks.dispatcher import Dispatcher
+from inferq.api.webhooks.poster import Poster
+from inferq.shared import keys, lua
 from inferq.shared.jobs import ErrorCode, Job, JobError, Status, encode_final
+from inferq.shared.lua.webhooks import PROMOTE, SETTLE
 from inferq.shared.metrics import api_metrics
 from inferq.shared.queue import JobQueue
 from inferq.shared.redis_conn import pubsub_client
@@ -282,7 +283,7 @@ async def test_racing_promoters_move_each_due_retry_exactly_once(
     await redis.zadd(RETRY, records)  # type: ignore[arg-type]
     await redis.zadd(RETRY, {b"later": 2**50})
     clients = [Redis.from_url(redis_url) for _ in range(4)]
-    promote = [c.register_script(PROMOTE) for c in clients]
+    promote = [c.register_script(lua.source(PROMOTE)) for c in clients]
     script_keys = [RETRY, STREAM]
     await asyncio.gather(*(p(keys=script_keys, args=[7]) for p in promote for _ in range(15)))
     moved = [f[b"delivery"] for f in _fields(await redis.xrange(STREAM))]
@@ -297,7 +298,7 @@ async def test_settle_only_by_the_consumer_that_holds_the_entry(redis: Redis) ->
     await redis.xadd(stream, {"job": "j1"})
     entry_id = _first_id(await redis.xreadgroup(group, "slow", {stream: ">"}, count=1))
     await redis.xautoclaim(stream, group, "taker", 0, count=1)  # the slow one lost it
-    settle = redis.register_script(SETTLE)
+    settle = redis.register_script(lua.source(SETTLE))
     script_keys = [stream, RETRY, DEAD]
     late = await settle(keys=script_keys, args=[group, "slow", entry_id, "retry", 10, b"rec"])
     assert late == 0 and await redis.zcard(RETRY) == 0

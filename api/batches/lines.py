@@ -1,0 +1,263 @@
+"""Batch input lines → requests, and finished requests → output and error lines.
+
+Pure: no Redis, no HTTP, no clock. An input file is JSONL, one request per non-blank line:
+
+    {"custom_id": "a1", "method": "POST", "url": "/v1/embeddings", "body": {...}}
+
+Lines are numbered by their position in the file (1-based, blank lines counted but never
+requests), and that number is a line's identity everywhere: results in Redis, job
+idempotency keys, the `id` of its output line.
+
+- The whole file is checked when the batch is created (`check_file`): too many requests →
+  422 naming `INFERQ_MAX_BATCH_LINES`; no request, or two lines with the same `custom_id` →
+  422 (a batch with ambiguous ids is refused, as OpenAI does). Nothing else refuses a batch.
+- One line is checked when the runner reaches it (`envelope`): not JSON, not an object,
+  no string `custom_id`, `method` other than POST, `url` other than the batch's endpoint,
+  `body` not an object → that line alone goes to the error file (`LineError`).
+- The body is then read exactly as the endpoint reads a request body (`Endpoint.parse`),
+  submitted as the endpoint submits it, and answered as the endpoint answers: a batch line
+  records the very status and body the endpoint would have sent.
+
+Output line (a 2xx answer): `{"id", "custom_id", "response": {"status_code", "request_id",
+"body"}, "error": null}`. Error line: the same with `error: {"code", "message"}`, and
+`response` null when no request could be made (a malformed line, a cancelled or expired
+batch) or the endpoint's 4xx answer otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+from pydantic import ValidationError
+
+from inferq.api.core import embeddings
+from inferq.api.core.embeddings import Answer
+from inferq.api.core.errors import job_failure, request_error, validation_message
+from inferq.api.core.schemas import InferRequest
+from inferq.api.core.service import Submission
+from inferq.api.core.views import error_body, job_view
+from inferq.shared.errors import InputInvalid, RequestError
+from inferq.shared.jobs import Job, Status
+
+#: Kinds of results in `batch_results`: the first byte of each stored value.
+OK, ERROR = b"o", b"e"
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    number: int  # 1-based position in the file
+    raw: bytes
+
+
+class LineError(Exception):
+    """A line that cannot become a request; it goes to the error file as `code`."""
+
+    def __init__(self, code: str, message: str, custom_id: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.custom_id = custom_id
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    custom_id: str
+    body: bytes  # the body as JSON, parsed by the endpoint exactly as an HTTP body
+
+
+def split_lines(content: bytes) -> list[Line]:
+    """The file's requests: every non-blank line, numbered by position."""
+    return [Line(n, raw) for n, raw in enumerate(content.split(b"\n"), start=1) if raw.strip()]
+
+
+def _custom_id(obj: object) -> str | None:
+    cid = obj.get("custom_id") if isinstance(obj, dict) else None
+    return cid if isinstance(cid, str) and cid else None
+
+
+def envelope(line: Line, endpoint: str) -> Envelope:
+    """The line's custom_id and body; `LineError` naming what is wrong with it."""
+    try:
+        obj = orjson.loads(line.raw)
+    except orjson.JSONDecodeError as e:
+        raise LineError("invalid_json", f"line {line.number} is not JSON: {e}") from e
+    if not isinstance(obj, dict):
+        raise LineError("invalid_request", f"line {line.number} is not a JSON object")
+    cid = _custom_id(obj)
+    if cid is None:
+        raise LineError("missing_custom_id", f"line {line.number} has no string 'custom_id'", None)
+    method = obj.get("method")
+    if method != "POST":
+        raise LineError(
+            "invalid_method",
+            f"line {line.number}: method {method!r}; only 'POST' is supported",
+            cid,
+        )
+    url = obj.get("url")
+    if url != endpoint:
+        raise LineError(
+            "invalid_url",
+            f"line {line.number}: url {url!r} is not the batch's endpoint {endpoint!r}",
+            cid,
+        )
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        raise LineError("invalid_request", f"line {line.number}: 'body' is not a JSON object", cid)
+    return Envelope(cid, orjson.dumps(body))
+
+
+def check_file(content: bytes, max_lines: int) -> int:
+    """The number of requests in an input file; refuses a file no batch can run."""
+    lines = split_lines(content)
+    if len(lines) > max_lines:
+        raise InputInvalid(
+            f"the file has {len(lines)} requests, over INFERQ_MAX_BATCH_LINES={max_lines}"
+        )
+    if not lines:
+        raise InputInvalid("the input file holds no requests (one JSON object per line)")
+    seen: dict[str, int] = {}
+    for line in lines:
+        try:
+            cid = _custom_id(orjson.loads(line.raw))
+        except orjson.JSONDecodeError:
+            continue  # its own error line, later
+        if cid is None:
+            continue
+        if cid in seen:
+            raise InputInvalid(
+                f"custom_id {cid[:64]!r} is on lines {seen[cid]} and {line.number}: "
+                "each request needs its own"
+            )
+        seen[cid] = line.number
+    return len(lines)
+
+
+# --- what each endpoint does with a body ---
+
+
+class Endpoint(Protocol):
+    """One endpoint's request handling, as its route does it, without HTTP."""
+
+    def parse(self, body: bytes) -> Any:
+        """The request, or the `Answer` the endpoint gives a body it refuses."""
+
+    def submission(self, req: Any, tenant: str, **fields: Any) -> Submission: ...
+
+    def refusal(self, e: RequestError) -> Answer: ...
+
+    def answer(self, req: Any, job: Job) -> Answer: ...
+
+
+class Embeddings:
+    """POST /v1/embeddings (`inferq.api.core.embeddings`)."""
+
+    def parse(self, body: bytes) -> embeddings.EmbeddingsRequest | Answer:
+        return embeddings.parse_request(body)
+
+    def submission(
+        self, req: embeddings.EmbeddingsRequest, tenant: str, **fields: Any
+    ) -> Submission:
+        return embeddings.submission(req, tenant, **fields)
+
+    def refusal(self, e: RequestError) -> Answer:
+        return embeddings.refusal(e)
+
+    def answer(self, req: embeddings.EmbeddingsRequest, job: Job) -> Answer:
+        return embeddings.answer(req, job)
+
+
+class Infer:
+    """POST /v1/infer (`inferq.api.routes.jobs`), JSON bodies: the job's view, with the status
+    of its error code when it failed. `wait` does not apply; a line cannot ask for a
+    webhook (one delivery per line of a 50,000-line batch is not what anyone wants)."""
+
+    def parse(self, body: bytes) -> InferRequest | Answer:
+        try:
+            req = InferRequest.model_validate_json(body)
+        except ValidationError as e:
+            message, detail = validation_message(list(e.errors()))  # type: ignore[arg-type]
+            return Answer(422, error_body("invalid_request", message) | {"detail": detail})
+        if req.webhook is not None:
+            return Answer(
+                422, error_body("invalid_request", "'webhook' is not supported in a batch line")
+            )
+        return req
+
+    def submission(self, req: InferRequest, tenant: str, **fields: Any) -> Submission:
+        if req.timeout_s is not None:  # the line's own deadline, if it is the sooner one
+            fields["timeout_s"] = min(req.timeout_s, fields.get("timeout_s") or req.timeout_s)
+        return Submission(
+            items=req.items(), model=req.model, tenant=tenant, parameters=req.parameters, **fields
+        )
+
+    def refusal(self, e: RequestError) -> Answer:
+        status, code = request_error(e)
+        return Answer(status, error_body(code, str(e)))
+
+    def answer(self, req: InferRequest, job: Job) -> Answer:
+        ok = job.status is Status.SUCCEEDED
+        status = 200 if ok else job_failure(job.error and job.error.code)[0]
+        return Answer(status, job_view(job))
+
+
+ENDPOINTS: Mapping[str, Endpoint] = {"/v1/embeddings": Embeddings(), "/v1/infer": Infer()}
+
+
+# --- output and error lines ---
+
+
+def request_id(batch_id: str, number: int) -> str:
+    """The output line's `id`: derived, so writing a line twice writes the same bytes."""
+    digest = hashlib.sha256(f"{batch_id}:{number}".encode()).hexdigest()[:32]
+    return f"batch_req_{digest}"
+
+
+def _dumps(obj: object) -> bytes:
+    # The routes' own serialiser (FastJSON): numpy rows come out exactly as they would there.
+    return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def result_line(
+    batch_id: str, number: int, custom_id: str, answer: Answer, job_id: str | None
+) -> tuple[bytes, bytes]:
+    """(kind, line) for an answer the endpoint gave: OK for a 2xx, ERROR otherwise."""
+    ok = 200 <= answer.status < 300
+    error = None
+    if not ok:
+        err = answer.body.get("error")
+        err = err if isinstance(err, dict) else {}
+        error = {
+            "code": str(err.get("code") or answer.status),
+            "message": str(err.get("message") or f"HTTP {answer.status}"),
+        }
+    line = {
+        "id": request_id(batch_id, number),
+        "custom_id": custom_id,
+        "response": {"status_code": answer.status, "request_id": job_id, "body": answer.body},
+        "error": error,
+    }
+    return (OK if ok else ERROR), _dumps(line)
+
+
+def error_line(
+    batch_id: str, number: int, custom_id: str | None, code: str, message: str
+) -> tuple[bytes, bytes]:
+    """(ERROR, line) for a line no request was made for, or none finished."""
+    line = {
+        "id": request_id(batch_id, number),
+        "custom_id": custom_id,
+        "response": None,
+        "error": {"code": code, "message": message},
+    }
+    return ERROR, _dumps(line)
+
+
+def custom_id_of(line: Line) -> str | None:
+    """Best effort, for the error line of a line that did not parse as a request."""
+    try:
+        return _custom_id(orjson.loads(line.raw))
+    except orjson.JSONDecodeError:
+        return None

@@ -1,0 +1,78 @@
+"""Admission: how much work a model's queue may hold, and what a refused client is told.
+
+Pure: no Redis, no clock. The numbers come in (items queued, the workers' recent items/s,
+the job's deadline); a limit or a refusal goes out. The Redis side (`scripts.SUBMIT`) applies
+the limit atomically per shard; this object decides what the limit is and words the 429.
+
+Invariants:
+
+* `limit` never admits fewer than the job's own items when workers are live (rate > 0): a
+  job alone in an empty queue is never refused for being slow; it never exceeds
+  `max_queue`.
+* With a rate, the limit is what the workers finish before the deadline
+  (rate × timeout), so an admitted job can finish in time.
+* Every refusal carries `retry_after_s >= 1` and a `reason` from a fixed set
+  (`REASONS`): metrics label it, clients read it.
+* `retry_after_s` is the time for enough of the queue ahead to drain that this job fits;
+  without a rate it is an estimate at 100 items/s, and for bytes the job's own run time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from inferq.shared.errors import Overloaded
+
+#: Why a submit was refused (the label of `inferq_jobs_rejected_total{reason}`).
+REASONS = ("queue_full", "queue_bytes", "deadline")
+#: Drain rate assumed for Retry-After while no worker has reported one yet (items/s).
+UNKNOWN_RATE = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    max_queue: int  # items queued per model (INFERQ_MAX_QUEUE)
+    max_queue_bytes: int  # input bytes queued per model (INFERQ_MAX_QUEUE_BYTES)
+
+    def limit(self, items: int, rate: float, timeout_s: float) -> int:
+        """Items the queue may hold, this job included, for the job to finish in time."""
+        if rate <= 0:
+            return self.max_queue
+        return min(self.max_queue, max(items, int(rate * timeout_s)))
+
+    def too_many_bytes(self, model: str, held: int, items: int, rate: float) -> Overloaded:
+        """The refusal when the model's queue holds `held` input bytes, over its cap."""
+        retry = max(1, math.ceil(items / rate)) if rate > 0 else 1
+        return Overloaded(
+            f"model {model!r} holds {held} input bytes in Redis "
+            f"(INFERQ_MAX_QUEUE_BYTES={self.max_queue_bytes})",
+            retry,
+            "queue_bytes",
+        )
+
+    def too_many_items(
+        self, model: str, depth: int, items: int, rate: float, timeout_s: float
+    ) -> Overloaded:
+        """The refusal when `depth` items are queued and this job's `items` do not fit under
+        `limit`: the queue is full, or its wait would pass the job's deadline."""
+        # Retry when enough of the queue ahead has drained for this job to fit.
+        excess = depth + items - self.limit(items, rate, timeout_s)
+        if rate > 0:
+            retry = max(1, math.ceil(excess / rate))
+        else:
+            retry = max(1, math.ceil(depth / UNKNOWN_RATE))
+        # Without a rate the only bound is the item cap (a pinned job meets its shard's share
+        # of it, so the total may still be under `max_queue`).
+        if rate <= 0 or depth + items > self.max_queue:
+            return Overloaded(
+                f"model {model!r} has {depth} items queued (INFERQ_MAX_QUEUE={self.max_queue})",
+                retry,
+                "queue_full",
+            )
+        return Overloaded(
+            f"predicted wait {depth / rate:.1f}s ({depth} items at {rate:.0f}/s) exceeds the "
+            f"job's deadline of {timeout_s:g}s",
+            retry,
+            "deadline",
+        )

@@ -1,0 +1,352 @@
+"""What the routes do, without HTTP: one submit(-and-wait) pipeline for every route.
+
+`submit` resolves the model, checks the inputs against what the model takes (its workers
+declare it in Redis: input kinds, parameter names; `catalog`), admits (items, bytes, and
+whether the queue ahead can finish before the deadline; `admission`), records and enqueues,
+and counts the job as submitted or rejected. `run` is submit then wait, cancelling the job
+if the client leaves before any worker has started it. `/v1/jobs`, `/v1/infer`,
+`/v1/embeddings` and batch lines all come through here, so metrics, admission, idempotency
+and cancel-on-disconnect are the same on all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from inferq.api.core.admission import Admission
+from inferq.api.core.cache import ResultCache
+from inferq.api.core.catalog import ModelCatalog
+from inferq.api.core.errors import refusal_reason
+from inferq.api.core.inputs import InputItem, wire_images, wire_inputs
+from inferq.api.core.notifier import Notifier
+from inferq.api.webhooks.contract import submit_target
+from inferq.shared import keys
+from inferq.shared.errors import JobConflict, JobNotFound, QueueUnavailable, RequestError
+from inferq.shared.jobs import (
+    ErrorCode,
+    Job,
+    JobError,
+    Status,
+    decode_outputs,
+    decode_published,
+    encode_final,
+    encode_submit,
+    new_job_id,
+    now_ms,
+)
+from inferq.shared.metrics import ApiMetrics
+from inferq.shared.queue import JobQueue, Submitted, per_shard
+from inferq.shared.registry import WorkerRegistry
+from inferq.shared.schema import JobField
+from inferq.shared.settings import Settings
+
+#: The `model` label of a refused submit that named no served model: a client's string
+#: never becomes a label value (each would be a series kept for the process's life).
+UNKNOWN_MODEL = "unknown"
+
+
+@dataclass(slots=True)
+class Submission:
+    """One job as a route parsed it: JSON items or uploaded image files, not yet checked."""
+
+    items: list[InputItem] = field(default_factory=list)
+    files: list[bytes] = field(default_factory=list)
+    model: str | None = None
+    tenant: str = ""
+    priority: str = "normal"
+    timeout_s: float | None = None
+    idempotency_key: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    webhook: str | None = None  # URL to deliver the final job to
+
+
+@dataclass(slots=True)
+class _Placement:
+    """Where a new job goes: its first shard, and whether the shard is pinned (a repeat of
+    an Idempotency-Key must meet its first job, a cache lookup the shard that filled it)."""
+
+    first: int
+    pinned: bool
+    key_hash: str | None
+    digest: str | None
+
+
+class JobService:
+    def __init__(
+        self,
+        settings: Settings,
+        queue: JobQueue,
+        registry: WorkerRegistry,
+        notifier: Notifier,
+        metrics: ApiMetrics,
+    ) -> None:
+        self.settings = settings
+        self.queue = queue
+        self.registry = registry
+        self.notifier = notifier
+        self.metrics = metrics
+        self.catalog = ModelCatalog(settings, registry)
+        self.admission = Admission(settings.max_queue, settings.max_queue_bytes)
+        self.cache = ResultCache(settings, queue.redis)
+        self.shutting_down = False
+        self._turn = itertools.count(random.randrange(1024))  # the next unpinned job's shard
+
+    # --- submit ---
+    async def submit(self, sub: Submission) -> Job:
+        """Admit, record, enqueue; every accepted and every refused job is counted."""
+        try:
+            job, created = await self._submit(sub)
+        except RequestError as e:
+            model = sub.model or self.catalog.default
+            label = model if model in self.catalog.names else UNKNOWN_MODEL
+            self.metrics.jobs_rejected.labels(model=label, reason=refusal_reason(e)).inc()
+            raise
+        if created:  # an Idempotency-Key repeat returns the first job: not a new submission
+            self.metrics.jobs_submitted.labels(model=job.model).inc()
+        return job
+
+    async def _job(self, sub: Submission) -> Job:
+        """The job a submission asks for, checked (inputs, model, webhook), not yet placed."""
+        name = self.catalog.resolve(sub.model)
+        if sub.files:
+            inputs, kinds = wire_images(sub.files, self.settings)
+        else:
+            inputs, kinds = wire_inputs(sub.items, self.settings)
+        await self.catalog.check(name, kinds, sub.parameters)
+        # 422 without a signing key or for a URL the SSRF guard refuses (resolved off-loop).
+        webhook = await submit_target(self.settings, sub.tenant, sub.webhook)
+        timeout_s = sub.timeout_s or self.settings.job_timeout_s
+        created = now_ms()
+        job = Job(
+            id="",
+            model=name,
+            inputs=inputs,
+            tenant=sub.tenant,
+            priority=sub.priority,
+            created_ms=created,
+            deadline_ms=created + int(timeout_s * 1000),
+            parameters=sub.parameters,
+        )
+        job.webhook = webhook
+        return job
+
+    async def _place(self, job: Job, idempotency_key: str | None) -> _Placement:
+        key_hash = None
+        if idempotency_key is not None:
+            key_hash = hashlib.sha256(idempotency_key.encode()).hexdigest()
+        digest = None
+        if self.cache.enabled(job.model) and (info := await self.catalog.info(job.model)):
+            digest = self.cache.digest(job, info.version) if info.version else None
+        pin = key_hash or digest
+        shards = self.queue.shards
+        first = int(pin[:8], 16) % shards if pin else next(self._turn) % shards
+        return _Placement(first, pin is not None, key_hash, digest)
+
+    async def _submit(self, sub: Submission) -> tuple[Job, bool]:
+        job = await self._job(sub)
+        place = await self._place(job, sub.idempotency_key)
+        shards = self.queue.shards
+        job.id = new_job_id(job.model, place.first, shards)
+        if place.digest is not None:
+            key = keys.cache(place.digest, job.model, place.first, shards)
+            hit = await self.cache.get(key)
+            result = "hit" if hit else "miss"
+            self.metrics.cache_lookups.labels(model=job.model, result=result).inc()
+            if hit is not None:
+                return await self._answer_cached(job, hit, place.key_hash)
+            job.cache = self.cache.spec(key)
+        rate = await self.catalog.throughput(job.model)
+        timeout_s = (job.deadline_ms - job.created_ms) / 1000
+        limit = self.admission.limit(len(job.inputs), rate, timeout_s)
+        done = await self._enqueue(job, limit, place)
+        self._check_replicas(done)
+        if done.outcome == "duplicate":
+            return await self.get(done.job_id, sub.tenant), False
+        if done.outcome == "full_bytes":
+            raise self.admission.too_many_bytes(job.model, done.depth, len(job.inputs), rate)
+        if done.outcome == "full":
+            raise self.admission.too_many_items(
+                job.model, done.depth, len(job.inputs), rate, timeout_s
+            )
+        return job, True
+
+    def _check_replicas(self, done: Submitted) -> None:
+        wait = self.settings.redis_wait_replicas
+        if done.replicas is not None and done.replicas < wait:
+            # The job is on the master (and runs), but a failover now could lose it: refuse
+            # the acknowledgement. A retry with the same Idempotency-Key finds it, and is
+            # answered once the replicas have it.
+            raise QueueUnavailable(
+                f"job {done.job_id} reached {done.replicas} of {wait} replicas within "
+                f"{self._wait_ms()} ms (INFERQ_REDIS_WAIT_REPLICAS)"
+            )
+
+    def _wait_ms(self) -> int:
+        # WAIT within three quarters of the socket timeout, so its reply always comes back.
+        return int(self.settings.redis_timeout_s * 750)
+
+    async def _enqueue(self, job: Job, limit: int, place: _Placement) -> Submitted:
+        """Submit `job` on shard `place.first`. Caps hold per shard (a script sees one
+        shard's counters), so a job refused by a full shard tries the others unless it is
+        pinned: the queue refuses only when every shard is full (`depth` then counts them
+        all)."""
+        shards = self.queue.shards
+        for step in range(1 if place.pinned else shards):
+            if step:
+                job.id = new_job_id(job.model, (place.first + step) % shards, shards)
+            done = await self.queue.submit(
+                job,
+                max_queue=per_shard(limit, shards),
+                max_bytes=per_shard(self.settings.max_queue_bytes, shards),
+                idempotency_key=place.key_hash,
+                idempotency_ttl_s=self.settings.idempotency_ttl_s,
+                wait=(self.settings.redis_wait_replicas, self._wait_ms()),
+            )
+            if done.outcome not in ("full", "full_bytes"):
+                return done
+        if shards > 1:
+            full_bytes = done.outcome == "full_bytes"
+            total = self.queue.queued_bytes if full_bytes else self.queue.queued_items
+            done.depth = await total(job.model)
+        return done
+
+    async def _answer_cached(
+        self, job: Job, outputs: bytes, key_hash: str | None
+    ) -> tuple[Job, bool]:
+        """Record `job` as succeeded with the cached outputs; no worker runs it. Not counted
+        as submitted (it never entered the queue): `inferq_cache_lookups_total` counts it."""
+        job.status, job.cached = Status.SUCCEEDED, True
+        job.started_ms = job.finished_ms = job.created_ms
+        fields = encode_submit(job) | encode_final(Status.SUCCEEDED, finished_ms=job.created_ms)
+        fields[JobField.OUTPUTS] = outputs  # already packed as the worker packed it
+        done = await self.queue.record_cached(
+            job,
+            fields,
+            idempotency_key=key_hash,
+            idempotency_ttl_s=self.settings.idempotency_ttl_s,
+        )
+        if done.outcome == "duplicate":
+            return await self.get(done.job_id, job.tenant), False
+        job.outputs = decode_outputs(msgpack.unpackb(outputs, raw=False))
+        return job, False
+
+    # --- submit and wait ---
+    async def run(
+        self, sub: Submission, wait_s: float, gone: Callable[[], Awaitable[None]]
+    ) -> Job | None:
+        """Submit and wait up to `wait_s`; None if the client left first (`gone()` returned),
+        in which case the job is cancelled unless a worker has started it. `gone` is called
+        only once the job exists, so a refused submit leaves no un-awaited coroutine behind."""
+        job = await self.submit(sub)
+        if job.status.is_final:  # answered from the cache, or a repeat of a finished job
+            return job
+        queued = job if job.status is Status.QUEUED else None  # just created: no re-read
+        waiter = asyncio.ensure_future(self.wait(job.id, wait_s, sub.tenant, submitted=queued))
+        left = asyncio.ensure_future(gone())
+        try:
+            await asyncio.wait({waiter, left}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            left.cancel()
+        if waiter.done():
+            return waiter.result()
+        waiter.cancel()
+        with contextlib.suppress(RequestError):
+            await self.cancel(job.id, sub.tenant, only_if_queued=True)
+        return None
+
+    # --- read, cancel ---
+    async def get(self, job_id: str, tenant: str = "") -> Job:
+        job = await self.queue.get(job_id)
+        if job is None or job.tenant != tenant:
+            raise JobNotFound(f"no job {job_id[:128]!r}")
+        if job.status is Status.QUEUED and job.deadline_ms and now_ms() > job.deadline_ms:
+            # No worker read it in time (maybe none serves the model): it ends here, so it
+            # also stops counting against the queue and gets its TTL.
+            fields = encode_final(
+                Status.EXPIRED,
+                finished_ms=now_ms(),
+                error=JobError(ErrorCode.EXPIRED, "deadline passed in queue"),
+            )
+            await self.queue.cancel(job, fields, only_if_queued=True)
+            job = await self.queue.get(job_id) or job
+        return job
+
+    async def progress(self, job: Job) -> tuple[int | None, int | None]:
+        """(position, eta_ms) of a queued job; (None, None) otherwise."""
+        if job.status is not Status.QUEUED:
+            return None, None
+        position = await self.queue.position(job)
+        rate = await self.catalog.throughput(job.model)
+        eta = int((position + len(job.inputs)) / rate * 1000) if rate > 0 else None
+        return position, eta
+
+    async def cancel(self, job_id: str, tenant: str = "", *, only_if_queued: bool = False) -> Job:
+        job = await self.get(job_id, tenant)
+        if job.status.is_final:
+            raise JobConflict(f"job {job_id!r} already ended: {job.status}")
+        fields = encode_final(
+            Status.CANCELLED,
+            finished_ms=now_ms(),
+            error=JobError(ErrorCode.CANCELLED, "cancelled by the client"),
+        )
+        done = await self.queue.cancel(job, fields, only_if_queued=only_if_queued)
+        if done == 0:
+            raise JobConflict(f"job {job_id!r} already ended")
+        return await self.get(job_id, tenant)
+
+    # --- wait ---
+    def clamp_wait(self, wait_s: float | None, default_s: float) -> float:
+        return min(default_s if wait_s is None else wait_s, self.settings.max_long_poll_s)
+
+    def shutdown(self) -> None:
+        """Open long-polls answer now with the current state; new ones do not wait."""
+        self.shutting_down = True
+        self.notifier.wake_all()
+
+    @staticmethod
+    def _published(payload: bytes | None, job_id: str, tenant: str) -> Job | None:
+        """The final job a completion message carried, if it is this caller's."""
+        job = decode_published(payload) if payload else None
+        if job is None or job.id != job_id or job.tenant != tenant or not job.status.is_final:
+            return None  # read it back instead (get() applies the tenant check)
+        return job
+
+    async def wait(
+        self, job_id: str, wait_s: float, tenant: str = "", submitted: Job | None = None
+    ) -> Job:
+        """Return the job as soon as it is final, or its current state after `wait_s`.
+
+        `submitted`: the job as this process just created it (queued), so the first read
+        can be skipped: the notifier remembers a completion that beat this watch."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        published: Job | None = None  # what the last completion message carried
+        while True:
+            fut = self.notifier.watch(job_id)  # watch first, then read: no gap to miss
+            try:
+                first, submitted = submitted, None  # only ever stands in for the first read
+                if published is not None:
+                    job = published
+                elif first is not None and not fut.done():
+                    job = first
+                else:
+                    job = await self.get(job_id, tenant)
+                remaining = deadline - loop.time()
+                if job.status.is_final or remaining <= 0 or self.shutting_down:
+                    return job
+                with contextlib.suppress(TimeoutError):
+                    payload = await asyncio.wait_for(
+                        fut, min(remaining, self.settings.long_poll_recheck_s)
+                    )
+                    published = self._published(payload, job_id, tenant)
+            finally:
+                self.notifier.unwatch(job_id, fut)

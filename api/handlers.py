@@ -1,0 +1,63 @@
+"""The exception handlers: every error a route lets through → its status and body, from
+the one table (`inferq.api.core.errors`)."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from inferq.api.core.errors import request_error, retry_headers, validation_message
+from inferq.api.core.views import error_body
+from inferq.api.middleware import BodyLimit, BodyTooLarge
+from inferq.api.responses import FastJSON
+from inferq.shared.errors import CodecError, QueueUnavailable, RequestError
+
+log = logging.getLogger("inferq.api")
+
+
+async def _validation(request: Request, exc: RequestValidationError) -> FastJSON:
+    message, detail = validation_message(list(exc.errors()))
+    return FastJSON(error_body("invalid_request", message) | {"detail": detail}, status_code=422)
+
+
+async def _request_error(request: Request, exc: RequestError) -> FastJSON:
+    status, code = request_error(exc)
+    log.info("rejected %s %s: %s %s", request.method, request.url.path, code, exc)
+    return FastJSON(error_body(code, str(exc)), status_code=status, headers=retry_headers(exc))
+
+
+async def _unavailable(request: Request, exc: QueueUnavailable) -> FastJSON:
+    log.warning("redis unavailable on %s %s: %s", request.method, request.url.path, exc)
+    return FastJSON(
+        error_body("unavailable", "the queue is unreachable; retry shortly"),
+        status_code=503,
+        headers=retry_headers(exc),
+    )
+
+
+async def _codec(request: Request, exc: CodecError) -> FastJSON:
+    log.error("undecodable record on %s: %s", request.url.path, exc)
+    return FastJSON(
+        error_body("corrupt_record", "the job record could not be read"), status_code=500
+    )
+
+
+async def _http(request: Request, exc: StarletteHTTPException) -> FastJSON:
+    if isinstance(exc.__cause__, BodyTooLarge):  # a chunked body that outgrew the limit
+        return BodyLimit.reject(request.app.state.settings.max_body_bytes)
+    return FastJSON(
+        error_body("http_error", str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+    )
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestError, _request_error)  # type: ignore[arg-type]
+    # Redis down, loading, read-only during a failover or full under noeviction: the broker
+    # raises QueueUnavailable for all of them (inferq.shared.redis_conn.unavailable).
+    app.add_exception_handler(QueueUnavailable, _unavailable)  # type: ignore[arg-type]
+    app.add_exception_handler(CodecError, _codec)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http)  # type: ignore[arg-type]

@@ -1,0 +1,81 @@
+"""Typed dependencies, so handlers never reach into `app.state` and signatures stay short.
+
+All `async def`: FastAPI runs a sync dependency in a thread pool, one hop per request.
+`create_app` puts each component on `app.state`; these hand them to the routes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from inferq.api.batches.files import FileStore
+from inferq.api.batches.leases import BatchLeases
+from inferq.api.batches.store import BatchStore
+from inferq.api.core.auth import tenant_of
+from inferq.api.core.service import JobService
+from inferq.shared.metrics import ApiMetrics
+from inferq.shared.queue import JobQueue
+from inferq.shared.registry import WorkerRegistry
+from inferq.shared.settings import Settings
+
+
+async def _jobs(request: Request) -> JobService:
+    return request.app.state.jobs  # type: ignore[no-any-return]
+
+
+async def _settings(request: Request) -> Settings:
+    return request.app.state.settings  # type: ignore[no-any-return]
+
+
+async def _queue(request: Request) -> JobQueue:
+    return request.app.state.jobs.queue  # type: ignore[no-any-return]
+
+
+async def _registry(request: Request) -> WorkerRegistry:
+    return request.app.state.jobs.registry  # type: ignore[no-any-return]
+
+
+async def _metrics(request: Request) -> ApiMetrics:
+    return request.app.state.metrics  # type: ignore[no-any-return]
+
+
+async def _files(request: Request) -> FileStore:
+    return request.app.state.files  # type: ignore[no-any-return]
+
+
+async def _batches(request: Request) -> BatchStore:
+    return request.app.state.batches  # type: ignore[no-any-return]
+
+
+async def _leases(request: Request) -> BatchLeases:
+    return request.app.state.batch_leases  # type: ignore[no-any-return]
+
+
+async def authenticate(request: Request) -> str:
+    """The caller's tenant ('' when the API is open); 401 otherwise."""
+    return tenant_of(request.app.state.api_keys, request.headers.get("authorization", ""))
+
+
+Jobs = Annotated[JobService, Depends(_jobs)]
+Config = Annotated[Settings, Depends(_settings)]
+Queue = Annotated[JobQueue, Depends(_queue)]
+Registry = Annotated[WorkerRegistry, Depends(_registry)]
+Metrics = Annotated[ApiMetrics, Depends(_metrics)]
+Files = Annotated[FileStore, Depends(_files)]
+Batches = Annotated[BatchStore, Depends(_batches)]
+Leases = Annotated[BatchLeases, Depends(_leases)]
+Tenant = Annotated[str, Depends(authenticate)]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(max_length=256, description="Same key, same tenant, within 24 h: the same job back."),
+]
+
+
+async def disconnected(request: Request) -> None:
+    """Returns when the client goes away (its body is read, so only that is left to hear)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,64 @@
+"""POST /v1/embeddings: the OpenAI embeddings API, served through the queue like /v1/infer
+(what it answers, and why: `inferq.api.core.embeddings`)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from inferq.api.core.embeddings import (
+    Answer,
+    EmbeddingsResponse,
+    answer,
+    parse_request,
+    refusal,
+    submission,
+)
+from inferq.api.responses import FastJSON
+from inferq.api.routes.deps import Config, IdempotencyKey, Jobs, Tenant, disconnected
+from inferq.shared.errors import RequestError
+
+router = APIRouter(prefix="/v1", tags=["embeddings"])
+
+
+def _send(a: Answer) -> FastJSON:
+    return FastJSON(a.body, status_code=a.status, headers=a.headers)
+
+
+@router.post(
+    "/embeddings",
+    response_model=EmbeddingsResponse,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/EmbeddingsRequest"}}
+            },
+        }
+    },
+)
+async def create_embeddings(
+    request: Request,
+    jobs: Jobs,
+    settings: Config,
+    tenant: Tenant,
+    idempotency_key: IdempotencyKey = None,
+) -> FastJSON:
+    """OpenAI-compatible embeddings: one vector per input, in input order."""
+    req = parse_request(await request.body())
+    if isinstance(req, Answer):
+        return _send(req)
+    try:
+        sub = submission(req, tenant, idempotency_key=idempotency_key)
+        wait_s = jobs.clamp_wait(req.wait, settings.sync_wait_s)
+        job = await jobs.run(sub, wait_s, lambda: disconnected(request))
+    except RequestError as e:
+        return _send(refusal(e))
+    if job is None:
+        return FastJSON({"status": "cancelled"}, status_code=499)
+    if not job.status.is_final:
+        return FastJSON(
+            {"id": job.id, "status": str(job.status), "model": job.model},
+            status_code=202,
+            headers={"Location": f"/v1/jobs/{job.id}", "x-should-retry": "false"},
+        )
+    return _send(answer(req, job))

@@ -1,0 +1,117 @@
+"""/v1/files: OpenAI's Files API, the subset batches need (upload, read, list, delete).
+
+Uploads are `multipart/form-data` with a `file` part and `purpose=batch` (the only purpose
+served); the app's `UploadLimit` (`inferq.api.middleware`) gives POST /v1/files its own
+body limit, `INFERQ_MAX_BATCH_FILE_BYTES`. Files belong to the caller's tenant; another
+tenant gets 404 and never sees them listed. Storage: `inferq.api.batches.files`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response, StreamingResponse
+
+from inferq.api.batches.files import CHUNK_BYTES, PURPOSES
+from inferq.api.middleware import BodyTooLarge
+from inferq.api.responses import FastJSON, list_page
+from inferq.api.routes.deps import Config, Files, Tenant
+from inferq.shared.errors import InputInvalid, InputTooLarge
+
+router = APIRouter(prefix="/v1", tags=["files"])
+
+
+_UPLOAD_SCHEMA = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "purpose"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "purpose": {"type": "string", "enum": list(PURPOSES)},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+@router.post("/files", openapi_extra=_UPLOAD_SCHEMA)
+async def upload_file(request: Request, files: Files, settings: Config, tenant: Tenant) -> FastJSON:
+    """Upload a JSONL file of batch requests (`purpose=batch`)."""
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise InputInvalid("POST /v1/files takes multipart/form-data: a 'file' and 'purpose=batch'")
+    limit = settings.max_batch_file_bytes
+    try:
+        async with request.form(max_files=1, max_fields=4) as form:
+            purpose = form.get("purpose")
+            upload = form.get("file")
+            if not isinstance(purpose, str):
+                raise InputInvalid("missing form field 'purpose' (use 'batch')")
+            if purpose not in PURPOSES:
+                raise InputInvalid(
+                    f"purpose {purpose[:64]!r} is not supported here; use {', '.join(PURPOSES)}"
+                )
+            if upload is None or isinstance(upload, str):
+                raise InputInvalid("missing file part 'file'")
+            content = await upload.read(limit + 1)  # one byte past the limit is enough to refuse
+            filename = (upload.filename or "upload.jsonl")[:255]
+    except BodyTooLarge as e:
+        raise InputTooLarge(f"upload exceeds INFERQ_MAX_BATCH_FILE_BYTES={limit} bytes") from e
+    if len(content) > limit:
+        raise InputTooLarge(f"file exceeds INFERQ_MAX_BATCH_FILE_BYTES={limit} bytes")
+    rec = await files.create(tenant, filename, purpose, content)
+    return FastJSON(rec.view())
+
+
+@router.get("/files")
+async def list_files(
+    files: Files,
+    tenant: Tenant,
+    limit: int = Query(10_000, ge=1, le=10_000),
+    after: str | None = Query(None, max_length=128),
+    order: Literal["asc", "desc"] = "desc",
+    purpose: str | None = Query(None, max_length=64),
+) -> FastJSON:
+    """The caller's files, newest first (`order=asc` for oldest first)."""
+    recs, more = await files.page(tenant, limit=limit, after=after, order=order, purpose=purpose)
+    data = [r.view() for r in recs]
+    return FastJSON(list_page(data, more))
+
+
+@router.get("/files/{file_id}")
+async def get_file(file_id: str, files: Files, tenant: Tenant) -> FastJSON:
+    return FastJSON((await files.get(file_id, tenant)).view())
+
+
+@router.get("/files/{file_id}/content")
+async def file_content(file_id: str, files: Files, tenant: Tenant) -> Response:
+    """The file's bytes, streamed a chunk at a time (one bounded Redis read per chunk)."""
+    rec = await files.get(file_id, tenant)
+    first = await files.chunk(file_id, 0)  # read before answering: Redis down is still a 503
+    if len(first) < CHUNK_BYTES or rec.size <= CHUNK_BYTES:
+        return Response(first, media_type="application/octet-stream")
+
+    async def rest() -> AsyncIterator[bytes]:
+        yield first
+        for offset in range(CHUNK_BYTES, rec.size, CHUNK_BYTES):
+            part = await files.chunk(file_id, offset)
+            if not part:
+                return  # deleted or expired meanwhile: the length tells the client
+            yield part
+
+    headers = {"content-length": str(rec.size)}
+    return StreamingResponse(rest(), media_type="application/octet-stream", headers=headers)
+
+
+@router.delete("/files/{file_id}")
+async def delete_file(file_id: str, files: Files, tenant: Tenant) -> FastJSON:
+    """Delete a file; 409 while a running batch reads it."""
+    await files.delete(file_id, tenant)
+    return FastJSON({"id": file_id, "object": "file", "deleted": True})

@@ -1,0 +1,46 @@
+"""Is it up: `/healthz` (the process), `/readyz` (Redis + a worker for the default model) and
+`/v1/health` (what an operator reads: `inferq.api.core.health`). None of them ever answers
+500.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from inferq.api.core.health import health_report
+from inferq.api.responses import FastJSON
+from inferq.api.routes.deps import Config, Queue, Registry
+from inferq.shared.errors import QueueUnavailable
+from inferq.shared.jobs import now_ms
+
+router = APIRouter(tags=["health"])
+authed = APIRouter(tags=["health"])  # behind INFERQ_API_KEYS (the app adds the dependency)
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is alive (no Redis call)."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(settings: Config, queue: Queue, registry: Registry) -> FastJSON:
+    """200 only when Redis answers and a live worker serves the default model."""
+    try:
+        await queue.ping()
+        now = now_ms()
+        unserved = [m for m in sorted(settings.served_models) if not await registry.live(m, now)]
+    except QueueUnavailable as e:
+        return FastJSON(
+            {"status": "unavailable", "redis": False, "reason": str(e)}, status_code=503
+        )
+    ready = settings.default_model.name not in unserved
+    body = {"status": "ready" if ready else "no_worker", "redis": True, "unserved_models": unserved}
+    return FastJSON(body, status_code=200 if ready else 503)
+
+
+@authed.get("/v1/health")
+async def health(settings: Config, queue: Queue, registry: Registry) -> FastJSON:
+    """Overall status, Redis round-trip, per model: queue depth, oldest age, live workers."""
+    code, body = await health_report(queue, registry, sorted(settings.served_models))
+    return FastJSON(body, status_code=code)

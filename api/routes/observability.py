@@ -1,0 +1,62 @@
+"""What an operator scrapes or lists: `/metrics` (Prometheus) and `/v1/models`."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter, Response
+
+from inferq.api.responses import FastJSON
+from inferq.api.routes.deps import Config, Jobs, Metrics, Registry
+from inferq.shared.errors import QueueUnavailable
+from inferq.shared.jobs import now_ms
+from inferq.shared.metrics import CONTENT_TYPE_LATEST, render
+
+log = logging.getLogger("inferq.api")
+
+router = APIRouter(tags=["observability"])
+
+_MODEL_WORKER_FIELDS = ("id", "host", "device", "backend", "token_ceiling", "calibration")
+
+
+@router.get("/v1/models")
+async def models(settings: Config, jobs: Jobs, registry: Registry) -> FastJSON:
+    """Served models: what each takes and gives, and its live workers (device, backend, live
+    ceiling, calibration)."""
+    names = sorted(settings.served_models)
+    try:
+        workers = await registry.beats(names, now_ms())
+        infos = {n: await jobs.catalog.info(n) for n in names}
+        code = 200
+    except QueueUnavailable as e:
+        log.warning("/v1/models: redis unreachable: %s", e)
+        workers, infos, code = {}, {}, 503
+    listed = []
+    for n in names:
+        info = infos.get(n)
+        entry: dict[str, object] = {"name": n, "target": settings.served_models[n].target}
+        if info is not None:
+            entry |= {
+                "inputs": list(info.inputs),
+                "output": info.output,
+                "parameters": info.parameters,
+                "max_cost": info.max_cost,
+            }
+        entry["workers"] = [{f: w.get(f) for f in _MODEL_WORKER_FIELDS} for w in workers.get(n, [])]
+        listed.append(entry)
+    body: dict[str, object] = {"default": settings.default_model.name, "models": listed}
+    if code != 200:
+        body["error"] = {"code": "unavailable", "message": "the queue is unreachable"}
+    return FastJSON(body, status_code=code)
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics(settings: Config, jobs: Jobs, m: Metrics) -> Response:
+    """The API's registry in Prometheus text; queue depths are read from Redis first."""
+    m.requests_waiting.set(jobs.notifier.waiting)
+    try:
+        for n in sorted(settings.served_models):
+            m.queue_depth.labels(model=n).set(await jobs.queue.queue_depth(n))
+    except QueueUnavailable as e:  # serve the rest; the gauge keeps its last value
+        log.warning("/metrics: queue depth not refreshed, redis unreachable: %s", e)
+    return Response(render(m.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,395 @@
+"""Who delivers webhooks: a dispatcher in every API process (`Dispatcher`, started by the
+app's lifespan when a signing key is set).
+
+Why the API processes: a delivery is an HTTP call and some waiting, which is what their
+event loop already does all day; workers stay on the device (and may sit where there is no
+egress). Each API process is one consumer, in group `WEBHOOK_GROUP`, of every delivery
+stream (`keys.webhooks(model, shard)`: one per served model and queue shard), named uniquely
+(host:pid:random), so N processes share the deliveries with no setup. An entry is settled on
+its own shard: every script names one shard's keys (one hash tag, one slot of a cluster).
+
+Where a delivery can be when a process dies, and what happens then. Delivery is at least
+once, and a repeat carries the same `X-Inferq-Delivery`:
+
+| where it is                               | after a crash                                          |
+|-------------------------------------------|--------------------------------------------------------|
+| in the stream, not read yet               | read by any live process                               |
+| read (in the dead consumer's pending list), | taken over (XAUTOCLAIM) by any process once idle for |
+| before, during or after its POST          | `claim_idle_ms` (twice the most an attempt takes), and |
+|                                           | attempted again: the receiver may see it twice         |
+| being settled                             | SETTLE is one script: checks the entry is still this   |
+|                                           | consumer's, then writes the retry record or dead letter |
+|                                           | and XACK+XDEL together, or nothing                     |
+| in the retry zset                         | owned by nobody: any process's promoter moves it back  |
+|                                           | (PROMOTE: ZREM+XADD in one script, never twice)        |
+
+A process takes over from the whole group, itself included: a reply lost on a dropped
+connection leaves entries in its own pending list (reliability guide #1). Take-overs are
+counted by Redis (the entry's delivery count); past `MAX_DELIVERIES` the entry is
+dead-lettered unattempted, so a delivery that kills its deliverer cannot kill them all.
+
+The scripts and the plain stream calls live in `webhooks.store`; one attempt (the POST)
+in `webhooks.poster.Poster`, what its answer means in `webhooks.contract`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import secrets
+import socket
+import time
+from collections.abc import Callable
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from inferq.api.webhooks.contract import (
+    Delivery,
+    Outcome,
+    attempt_budget_s,
+    backoff_s,
+    delivery_id,
+    enabled,
+)
+from inferq.api.webhooks.poster import Poster
+from inferq.api.webhooks.store import (
+    BLOCK_MS,
+    Entry,
+    Reader,
+    Scripts,
+    Shard,
+    autoclaim,
+    ensure_group,
+    shards_of,
+)
+from inferq.shared import keys
+from inferq.shared.errors import CodecError, QueueUnavailable
+from inferq.shared.jobs import now_ms
+from inferq.shared.metrics import ApiMetrics
+from inferq.shared.queue import JobQueue
+from inferq.shared.redis_conn import as_str, unavailable
+from inferq.shared.retry import Backoff
+from inferq.shared.schema import DeliveryField
+from inferq.shared.settings import Settings
+
+log = logging.getLogger("inferq.api.webhooks")
+
+READ_MAX = 64  # entries per read, and per take-over pass
+PROMOTE_MAX = 100  # retries moved back per script call (keeps each call short)
+MAX_TICK_S = 1.0  # the upkeep loop wakes at least this often
+MAX_DELIVERIES = 5  # first read + 4 take-overs, then dead-lettered unattempted
+DEAD_MAXLEN = 100_000  # approximate cap on the dead-letter stream (nobody consumes it)
+FORGET_AFTER_MS = 3_600_000  # a consumer idle this long and holding nothing is removed
+FORGET_EVERY_S = 300.0
+STOP_GRACE_S = 5.0  # at shutdown, in-flight attempts get this long, then are left pending
+
+
+def claim_idle_ms(settings: Settings) -> int:
+    """An entry pending this long is a dead (or wedged) process's: twice the most an attempt
+    takes, so a live attempt is never taken over from under itself."""
+    return int(2 * attempt_budget_s(settings) * 1000)
+
+
+class Dispatcher:
+    """Reads deliveries and takes over stale ones, attempts them (at most
+    `webhook_concurrency` at once), settles each; promotes due retries. Two tasks: `read`
+    and `upkeep`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        queue: JobQueue,
+        blocking: Redis,
+        metrics: ApiMetrics,
+        *,
+        poster: Poster | None = None,
+    ) -> None:
+        self.settings = settings
+        self.queue = queue
+        self.redis = queue.redis
+        self.blocking = blocking  # XREADGROUP BLOCK only: never a pooled request connection
+        self.metrics = metrics
+        self.poster = poster or Poster(settings)
+        self.consumer = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.claim_idle_ms = claim_idle_ms(settings)
+        self._claim_every_s = min(MAX_TICK_S, max(0.05, self.claim_idle_ms / 4000))
+        self._slots = asyncio.Semaphore(settings.webhook_concurrency)
+        self.shards = shards_of(settings.served_models, settings.stream_shards)
+        self.reader = Reader(blocking, self.shards, self.consumer)
+        self.scripts = Scripts(self.redis)
+        self._loops: list[asyncio.Task[None]] = []
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()  # a retry was scheduled here: promote on time
+        self._stopping = False
+        self._rng = random.Random()
+
+    @classmethod
+    def launch(
+        cls, settings: Settings, queue: JobQueue, metrics: ApiMetrics, blocking: Callable[[], Redis]
+    ) -> Dispatcher | None:
+        """A started dispatcher, or None when no signing key is set (no job can carry a
+        webhook then, since submit refuses them)."""
+        if not enabled(settings):
+            return None
+        dispatcher = cls(settings, queue, blocking(), metrics)
+        dispatcher.start()
+        return dispatcher
+
+    def start(self) -> None:
+        self._loops = [
+            asyncio.create_task(self._read_loop(), name="webhooks-read"),
+            asyncio.create_task(self._upkeep_loop(), name="webhooks-upkeep"),
+        ]
+        log.info("webhooks: delivering as consumer %s", self.consumer)
+
+    async def stop(self) -> None:
+        """Stop reading, give in-flight attempts `STOP_GRACE_S`, leave the rest pending
+        (another process takes them over), close the connections."""
+        # Each loop also checks `_stopping` (and a blocked read returns within BLOCK_MS), so
+        # a cancellation swallowed inside a client library cannot hang the shutdown.
+        self._stopping = True
+        for task in self._loops:
+            task.cancel()
+        if self._loops:
+            await asyncio.wait(self._loops, timeout=BLOCK_MS / 1000 + STOP_GRACE_S)
+        late: set[asyncio.Task[None]] = set()
+        if self._inflight:
+            _, late = await asyncio.wait(set(self._inflight), timeout=STOP_GRACE_S)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        await self.poster.aclose()
+        await self.blocking.aclose()
+        log.info("webhooks stopped: consumer=%s left_pending=%d", self.consumer, len(late))
+
+    # --- slots: the dispatcher never holds more entries than it can attempt now ---
+
+    async def _take_slots(self) -> int:
+        """Wait for one free slot, then take every other free one (up to READ_MAX)."""
+        await self._slots.acquire()
+        n = 1
+        while n < READ_MAX and not self._slots.locked():
+            await self._slots.acquire()
+            n += 1
+        return n
+
+    def _give_slots(self, n: int) -> None:
+        for _ in range(n):
+            self._slots.release()
+
+    def _spawn(self, shard: Shard, entry: Entry, times: int = 1, slot: bool = True) -> None:
+        task = asyncio.create_task(self._deliver(shard, entry, times, slot))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    # --- the read loop ---
+
+    @unavailable
+    async def _read(self, n: int) -> list[tuple[Shard, Entry]]:
+        try:
+            return await self.reader.read(n)
+        except ResponseError as e:
+            if "NOGROUP" not in str(e):
+                raise
+            await ensure_group(self.redis, self.shards)  # flushed or evicted; read again
+            return []
+
+    async def _read_loop(self) -> None:
+        """Take free slots; fill them with stale entries (take-over, when due) and then with
+        new ones. Holding the slots while blocked is what bounds in-flight entries."""
+        backoff = Backoff()
+        clock = asyncio.get_running_loop().time
+        next_claim = clock()
+        grouped = False
+        while not self._stopping:
+            n = await self._take_slots()
+            error: Exception | None = None
+            try:
+                if not grouped:
+                    await ensure_group(self.redis, self.shards)
+                    grouped = True
+                if clock() >= next_claim:
+                    next_claim = clock() + self._claim_every_s
+                    n -= await self._take_over(n)
+                if n:
+                    for shard, entry in await self._read(n):
+                        # One past the slots taken (see `Reader.read`) runs without a slot
+                        # rather than wait for one while pending: waiting risks a take-over.
+                        self._spawn(shard, entry, slot=n > 0)
+                        n = max(0, n - 1)
+                backoff.reset()
+            except Exception as e:  # the loop's boundary: it must outlive any one failure
+                error = e
+            self._give_slots(n)
+            if error is not None:
+                delay = backoff.next()
+                grouped = grouped and "NOGROUP" not in str(error)  # flushed: create it again
+                if not isinstance(error, QueueUnavailable) and grouped:
+                    log.error("webhooks: read failed", exc_info=error)
+                log.warning("webhooks: reading again in %.1fs: %s", delay, error)
+                await asyncio.sleep(delay)
+
+    async def _take_over(self, n: int) -> int:
+        """Start up to `n` stale entries (a dead or wedged process's); how many it started."""
+        taken = await autoclaim(self.redis, self.shards, self.consumer, self.claim_idle_ms, n)
+        if taken:
+            log.info("webhooks: took over %d stale deliveries", len(taken))
+        for shard, entry, times in taken:
+            self._spawn(shard, entry, times)
+        return len(taken)
+
+    # --- the upkeep loop: promote due retries, forget consumers of long-gone processes ---
+
+    @unavailable
+    async def _promote_due(self) -> float:
+        """Seconds until the next retry is due on any shard (at most MAX_TICK_S). One script
+        call per shard, never pipelined: a cluster pipeline refuses scripts."""
+        wait_s = MAX_TICK_S
+        for shard in self.shards:
+            moved, next_ms = await self.scripts.promote(shard, PROMOTE_MAX)
+            if moved >= PROMOTE_MAX:
+                wait_s = 0.0
+            elif next_ms >= 0:
+                wait_s = min(wait_s, next_ms / 1000)
+        return wait_s
+
+    @unavailable
+    async def _forget_idle_consumers(self) -> None:
+        """Each API start adds a consumer name; remove those of long-gone processes."""
+        for shard in self.shards:
+            for c in await self.redis.xinfo_consumers(shard.stream, keys.WEBHOOK_GROUP):
+                name = as_str(c["name"])
+                if (
+                    name != self.consumer
+                    and int(c["pending"]) == 0
+                    and int(c["idle"]) > FORGET_AFTER_MS
+                ):
+                    await self.scripts.forget(shard, name)
+
+    async def _upkeep_loop(self) -> None:
+        backoff = Backoff()
+        clock = asyncio.get_running_loop().time
+        next_forget = clock() + FORGET_EVERY_S
+        while not self._stopping:
+            self._wake.clear()  # before promoting: a retry scheduled from now on wakes us
+            try:
+                wait_s = await self._promote_due()
+                if clock() >= next_forget:
+                    await self._forget_idle_consumers()
+                    next_forget = clock() + FORGET_EVERY_S
+                backoff.reset()
+            except ResponseError as e:
+                if "NOGROUP" not in str(e):  # NOGROUP: the read loop recreates the group
+                    log.exception("webhooks: upkeep failed")
+                wait_s = backoff.next()
+            except Exception as e:  # the loop's boundary: it must outlive any one failure
+                if not isinstance(e, QueueUnavailable):
+                    log.exception("webhooks: upkeep failed")
+                wait_s = backoff.next()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(wait_s, 0.005))
+
+    # --- one delivery ---
+
+    async def _deliver(self, shard: Shard, entry: Entry, times: int, slot: bool) -> None:
+        """The task of one entry; it holds one slot (when given one) until it is settled."""
+        try:
+            await self._handle(shard, entry, times)
+        except QueueUnavailable as e:
+            log.warning("webhook entry %s left for take-over: %s", entry[0], e)
+        except Exception:  # the task's boundary: the entry stays pending, take-over counts it
+            log.exception("webhook entry %s failed; left for take-over", entry[0])
+        finally:
+            if slot:
+                self._slots.release()
+
+    async def _handle(self, shard: Shard, entry: Entry, times_delivered: int) -> None:
+        entry_id, fields = entry
+        if not fields:  # deleted while pending: nothing left to deliver
+            await self._settle_entry(shard, entry_id, "done")
+            return
+        job_id = as_str(fields.get(DeliveryField.JOB.encode(), b""))
+        record = fields.get(DeliveryField.DELIVERY.encode())
+        try:
+            d = (
+                Delivery.unpack(record)
+                if record is not None
+                else await self._fresh(entry_id, job_id)
+            )
+        except CodecError as e:
+            await self._dead(shard, entry_id, job_id, record or b"", str(e))
+            return
+        if d is None:  # the job has no webhook (a hand-written entry): nothing to do
+            await self._settle_entry(shard, entry_id, "done")
+        elif not d.url:
+            await self._dead(shard, entry_id, d.job, d.pack(), d.error)
+        elif times_delivered > MAX_DELIVERIES:
+            reason = (
+                f"taken over {times_delivered - 1} times without an answer; not attempted again"
+            )
+            await self._dead(shard, entry_id, d.job, d.pack(), reason)
+        else:
+            started = time.perf_counter()
+            outcome = await self.poster.attempt(d)
+            self.metrics.webhook_attempt_seconds.observe(time.perf_counter() - started)
+            await self._conclude(shard, entry_id, d, outcome)
+
+    async def _fresh(self, entry_id: str, job_id: str) -> Delivery | None:
+        """The first attempt's delivery, built from the job record: the body is snapshotted
+        here, and travels with every retry."""
+        job = await self.queue.get(job_id) if job_id else None
+        if job is None:
+            now = now_ms()
+            reason = "the job record expired before the first attempt (INFERQ_RESULT_TTL_S)"
+            return Delivery(delivery_id(job_id, entry_id), job_id, "", "", b"", now, now, 0, reason)
+        url = (job.webhook or {}).get("url")
+        return Delivery.of(job, entry_id, url) if url else None
+
+    async def _conclude(self, shard: Shard, entry_id: str, d: Delivery, outcome: Outcome) -> None:
+        if outcome.kind == "delivered":
+            if await self._settle_entry(shard, entry_id, "done"):
+                self.metrics.webhook_deliveries.labels(outcome="delivered").inc()
+                log.debug("webhook %s of job %s delivered (%s)", d.id, d.job, outcome.reason)
+            return
+        failed = d.failed(outcome.reason)
+        if outcome.kind == "dead":
+            await self._dead(shard, entry_id, d.job, failed.pack(), outcome.reason)
+            return
+        max_age_s = self.settings.webhook_max_age_s
+        now, deadline = now_ms(), d.ended_ms + int(max_age_s * 1000)
+        if now >= deadline:
+            reason = f"gave up after {failed.attempts} attempts over INFERQ_WEBHOOK_MAX_AGE_S={max_age_s:g}: {outcome.reason}"
+            await self._dead(shard, entry_id, d.job, failed.pack(), reason)
+            return
+        cap = self.settings.webhook_backoff_max_s
+        delay = backoff_s(failed.attempts, self.settings.webhook_backoff_s, cap, self._rng)
+        if outcome.retry_after_s is not None:  # the receiver asked for longer: up to the cap
+            delay = max(delay, min(outcome.retry_after_s, cap))
+        delay_ms = max(1, min(int(delay * 1000), deadline - now))  # one last try at the deadline
+        if await self._settle_entry(shard, entry_id, "retry", delay_ms, failed.pack()):
+            self.metrics.webhook_deliveries.labels(outcome="retried").inc()
+            self._wake.set()
+            log.info(
+                "webhook %s of job %s: attempt %d failed (%s), next in %d ms",
+                d.id,
+                d.job,
+                failed.attempts,
+                outcome.reason,
+                delay_ms,
+            )
+
+    async def _dead(
+        self, shard: Shard, entry_id: str, job_id: str, record: bytes, reason: str
+    ) -> None:
+        if await self._settle_entry(shard, entry_id, "dead", DEAD_MAXLEN, job_id, record, reason):
+            self.metrics.webhook_deliveries.labels(outcome="dead").inc()
+            log.warning("webhook of job %s dead-lettered: %s", job_id, reason)
+
+    async def _settle_entry(
+        self, shard: Shard, entry_id: str, mode: str, *args: bytes | str | int
+    ) -> bool:
+        return await self.scripts.settle(shard, self.consumer, entry_id, mode, *args)

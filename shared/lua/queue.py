@@ -1,0 +1,261 @@
+"""The queue's Lua scripts (`inferq.shared.queue` runs them). Each is atomic, so each is
+safe to retry.
+
+They use the prelude tables of `inferq.shared.lua`: `F` (job fields), `S` (statuses),
+`FINAL`, `ENTRY_JOB`. Field values are msgpack (`cmsgpack` in Lua).
+
+- `SUBMIT`: admission caps (items and bytes) + idempotency key + record + stream entry, all
+  or nothing; a no-op if the job id (or the idempotency key) already exists. The byte cap
+  always admits into an empty queue, so one job larger than the cap is not refused forever.
+- `CLAIM`: mark jobs running (only from queued) and read them, in one trip.
+- `START`: right before a batch, count each job's first device start (`attempts`), so a crash
+  that never returns still counts; returns the live statuses.
+- `FINISH`: write the final fields, set the TTL, release the admission counts, publish (and
+  dead-letter a poisoned job, queue its webhook delivery, fill the result cache), unless the
+  job is already final: a duplicate delivery after a crash can never clobber a result, and a
+  job is published (and delivered) once.
+- `CACHED`: record a job answered from the result cache, final at birth (TTL, idempotency
+  key and webhook delivery as if it had run); never queued, so never published.
+- `HAND_BACK`: a stopping worker re-queues a job it holds, at once, taking back the device
+  start it counted (a clean stop is not a crash).
+"""
+
+from __future__ import annotations
+
+# KEYS: job, stream, item counter, byte counter[, idempotency].
+# ARGV: id, items, max_queue, idem_ttl_s, bytes, max_bytes, fields...
+# Returns {status, value}: ok → entry id; dup → existing job id; full → items queued;
+# full_bytes → bytes queued.
+SUBMIT = """
+if #KEYS == 5 then
+  local prior = redis.call('GET', KEYS[5])
+  if prior then return {'dup', prior} end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', ARGV[1]} end
+local depth = tonumber(redis.call('GET', KEYS[3]) or '0')
+if depth + tonumber(ARGV[2]) > tonumber(ARGV[3]) then return {'full', tostring(depth)} end
+local held = tonumber(redis.call('GET', KEYS[4]) or '0')
+if held > 0 and held + tonumber(ARGV[5]) > tonumber(ARGV[6]) then return {'full_bytes', tostring(held)} end
+redis.call('HSET', KEYS[1], unpack(ARGV, 7))
+local eid = redis.call('XADD', KEYS[2], '*', ENTRY_JOB, ARGV[1])
+redis.call('HSET', KEYS[1], F.entry, cmsgpack.pack(eid))
+redis.call('INCRBY', KEYS[3], ARGV[2])
+redis.call('INCRBY', KEYS[4], ARGV[5])
+if #KEYS == 5 then redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[4]) end
+return {'ok', eid}
+"""
+
+# KEYS: jobs. ARGV[1] = packed now_ms; ARGV[2] = '1' when the worker starts these jobs at
+# once (it is idle and read one job): a one-item job not yet at ARGV[3] (max deliveries) nor
+# past its deadline gets its device start counted here, as START would a moment later, and
+# START's round trip is skipped. Returns per key {} if missing, else {the record as HGETALL
+# read it before the count, 1 if counted here else 0}.
+CLAIM = """
+local now = cmsgpack.unpack(ARGV[1])
+local out = {}
+for i, key in ipairs(KEYS) do
+  local raw = redis.call('HGET', key, F.status)
+  if not raw then
+    out[i] = {}
+  else
+    if cmsgpack.unpack(raw) == S.queued then
+      redis.call('HSET', key, F.status, cmsgpack.pack(S.running), F.started_ms, ARGV[1])
+    end
+    local flat, counted = redis.call('HGETALL', key), 0
+    if ARGV[2] == '1' and not FINAL[cmsgpack.unpack(raw)] then
+      local f = {}
+      for j = 1, #flat, 2 do f[flat[j]] = flat[j + 1] end
+      local attempts = f[F.attempts] and cmsgpack.unpack(f[F.attempts]) or 0
+      local deadline = f[F.deadline_ms] and cmsgpack.unpack(f[F.deadline_ms]) or 0
+      local items = f[F.items] and cmsgpack.unpack(f[F.items]) or 0
+      if items == 1 and attempts < tonumber(ARGV[3]) and (deadline == 0 or now <= deadline) then
+        redis.call('HSET', key, F.attempts, cmsgpack.pack(attempts + 1))
+        counted = 1
+      end
+    end
+    out[i] = {flat, counted}
+  end
+end
+return out
+"""
+
+# KEYS: jobs about to run on the device. ARGV[i] = '1' if job i starts its first item in this
+# worker: counted in `attempts` (device starts). A job whose worker dies while it is on the
+# device comes back with one more attempt; one that merely waited in a dead worker's hands
+# does not, so only the job that kills workers is ever dead-lettered. Returns raw statuses.
+START = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local raw = redis.call('HGET', key, F.status)
+  out[i] = raw or ''
+  if raw and ARGV[i] == '1' and not FINAL[cmsgpack.unpack(raw)] then
+    local attempts = redis.call('HGET', key, F.attempts)
+    redis.call('HSET', key, F.attempts, cmsgpack.pack((attempts and cmsgpack.unpack(attempts) or 0) + 1))
+  end
+end
+return out
+"""
+
+# Final outcomes for a batch of jobs in one call (a script call costs Redis far more than
+# the writes inside it). KEYS: item counter, byte counter, dead-letter stream, webhook stream,
+# cache index, cache sizes, cache bytes, then `ns` job streams, then job 1, job 2, ...
+# ARGV: ttl_s, only_if_queued (0|1), now_ms, group, ns, then per stream: m, m entry ids to
+# XACK + XDEL; then per job: channel, dead (0|1), 2n, n field/value pairs.
+# Returns per job: 1 written, 0 already final, 2 not queued (only_if_queued), -1 no such job.
+# A job written final that asked for a webhook gets its delivery entry in the same step, and
+# a succeeded job that asked for caching stores its outputs (bounded: see `keys`), so neither
+# can be lost between the final write and a later call. The acks ride in the same script:
+# one round trip, atomic, and no MULTI (whose script pre-check costs another trip).
+# The completion message carries the final record (inputs left out) when it is small, so
+# a waiting API answers without reading it back; otherwise it says 'final'.
+FINISH = """
+local now = tonumber(ARGV[3])
+local PUBLISH_MAX = 262144
+local function cache_drop(k)
+  local size = redis.call('HGET', KEYS[6], k)
+  if size then
+    redis.call('HDEL', KEYS[6], k)
+    if redis.call('DECRBY', KEYS[7], size) < 0 then redis.call('SET', KEYS[7], 0) end
+  end
+  redis.call('ZREM', KEYS[5], k)
+  redis.call('DEL', k)
+end
+local function cache_put(spec, value)
+  for _, k in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, 64)) do
+    cache_drop(k)
+  end
+  if #value > spec.max_bytes then return end
+  cache_drop(spec.key)
+  redis.call('SET', spec.key, value, 'PX', math.floor(spec.ttl_s * 1000))
+  redis.call('ZADD', KEYS[5], now + math.floor(spec.ttl_s * 1000), spec.key)
+  redis.call('HSET', KEYS[6], spec.key, #value)
+  local held = redis.call('INCRBY', KEYS[7], #value)
+  while held > spec.max_bytes do
+    local first = redis.call('ZRANGE', KEYS[5], 0, 0)[1]
+    if not first then break end
+    cache_drop(first)
+    held = tonumber(redis.call('GET', KEYS[7]) or '0')
+  end
+end
+local ns = tonumber(ARGV[5])
+local a = 6
+for j = 8, 7 + ns do
+  local m = tonumber(ARGV[a])
+  if m > 0 then
+    redis.call('XACK', KEYS[j], ARGV[4], unpack(ARGV, a + 1, a + m))
+    redis.call('XDEL', KEYS[j], unpack(ARGV, a + 1, a + m))
+  end
+  a = a + m + 1
+end
+local out = {}
+for i = 8 + ns, #KEYS do
+  local key, channel, dead, n = KEYS[i], ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
+  local first, last = a + 3, a + 2 + n
+  a = last + 1
+  local raw = redis.call('HGET', key, F.status)
+  local status = raw and cmsgpack.unpack(raw)
+  if not raw then
+    out[#out + 1] = -1
+  elseif FINAL[status] then
+    out[#out + 1] = 0
+  elseif ARGV[2] == '1' and status ~= S.queued then
+    out[#out + 1] = 2
+  else
+    redis.call('HSET', key, unpack(ARGV, first, last))
+    redis.call('EXPIRE', key, ARGV[1])
+    for c, field in ipairs({F.items, F.bytes}) do
+      local n = redis.call('HGET', key, field)
+      if n then
+        if redis.call('DECRBY', KEYS[c], cmsgpack.unpack(n)) < 0 then redis.call('SET', KEYS[c], 0) end
+      end
+    end
+    local id = cmsgpack.unpack(redis.call('HGET', key, F.id))
+    if dead == '1' then
+      redis.call('XADD', KEYS[3], '*', ENTRY_JOB, id)
+    end
+    if redis.call('HEXISTS', key, F.webhook) == 1 then
+      redis.call('XADD', KEYS[4], '*', ENTRY_JOB, id)
+    end
+    local spec = redis.call('HGET', key, F.cache)
+    if spec and cmsgpack.unpack(redis.call('HGET', key, F.status)) == S.succeeded then
+      local outputs = redis.call('HGET', key, F.outputs)
+      if outputs then cache_put(cmsgpack.unpack(spec), outputs) end
+    end
+    local flat, rec, size = redis.call('HGETALL', key), {}, 0
+    for j = 1, #flat, 2 do
+      if flat[j] ~= F.inputs then
+        rec[#rec + 1] = flat[j]
+        rec[#rec + 1] = flat[j + 1]
+        size = size + #flat[j + 1]
+      end
+    end
+    redis.call('PUBLISH', channel, size <= PUBLISH_MAX and cmsgpack.pack(rec) or 'final')
+    out[#out + 1] = 1
+  end
+end
+return out
+"""
+
+# KEYS: job, webhook stream[, idempotency]. ARGV: id, ttl_s, idem_ttl_s, fields...
+# Returns {status, value}: ok → ''; dup → the existing job id (same rules as SUBMIT).
+CACHED = """
+if #KEYS == 3 then
+  local prior = redis.call('GET', KEYS[3])
+  if prior then return {'dup', prior} end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', ARGV[1]} end
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+if redis.call('HEXISTS', KEYS[1], F.webhook) == 1 then
+  redis.call('XADD', KEYS[2], '*', ENTRY_JOB, ARGV[1])
+end
+if #KEYS == 3 then redis.call('SET', KEYS[3], ARGV[1], 'EX', ARGV[3]) end
+return {'ok', ''}
+"""
+
+# KEYS: job, stream. ARGV: group, old entry id, job id, uncount (0|1).
+# Re-queues a not-final job at the tail and acks the old entry; with uncount, takes back the
+# device start this (cleanly stopping) worker counted.
+HAND_BACK = """
+local raw = redis.call('HGET', KEYS[1], F.status)
+if raw and not FINAL[cmsgpack.unpack(raw)] then
+  local eid = redis.call('XADD', KEYS[2], '*', ENTRY_JOB, ARGV[3])
+  redis.call('HSET', KEYS[1], F.status, cmsgpack.pack(S.queued), F.entry, cmsgpack.pack(eid))
+  redis.call('HDEL', KEYS[1], F.started_ms)
+  if ARGV[4] == '1' then
+    local attempts = redis.call('HGET', KEYS[1], F.attempts)
+    local n = attempts and cmsgpack.unpack(attempts) or 0
+    if n > 0 then redis.call('HSET', KEYS[1], F.attempts, cmsgpack.pack(n - 1)) end
+  end
+end
+redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[2], ARGV[2])
+return raw and 1 or 0
+"""
+
+
+# KEYS: streams. ARGV: group, consumer, then per stream: n, n entry ids held by `consumer`.
+# Resets the idle time of the entries still in `consumer`'s own pending list (XCLAIM JUSTID
+# does not count a delivery) and returns, per stream, the ids that are not: another worker
+# took them over while this one was unresponsive. A plain XCLAIM would steal them back.
+REFRESH = """
+local out, a = {}, 3
+for i, key in ipairs(KEYS) do
+  local n = tonumber(ARGV[a])
+  local mine = {}
+  for _, p in ipairs(redis.call('XPENDING', key, ARGV[1], '-', '+', 100000, ARGV[2])) do
+    mine[p[1]] = true
+  end
+  local claim, lost = {'XCLAIM', key, ARGV[1], ARGV[2], 0}, {}
+  for j = a + 1, a + n do
+    if mine[ARGV[j]] then claim[#claim + 1] = ARGV[j] else lost[#lost + 1] = ARGV[j] end
+  end
+  if #claim > 5 then
+    claim[#claim + 1] = 'JUSTID'
+    redis.call(unpack(claim))
+  end
+  out[i] = lost
+  a = a + n + 1
+end
+return out
+"""

@@ -1,0 +1,55 @@
+"""Webhook delivery's Lua scripts (`inferq.api.webhooks.store` runs them). Each names one
+(model, queue shard)'s delivery keys only, which share the shard's hash tag.
+
+They use the prelude table `D` of `inferq.shared.lua` (delivery stream entry fields).
+
+- `PROMOTE`: move due retries from the retry zset back into the stream, on Redis' clock.
+- `SETTLE`: done, retry or dead letter, then XACK+XDEL, only while the consumer holds it.
+- `FORGET`: drop a consumer that holds nothing (dropping one that holds entries loses them).
+"""
+
+from __future__ import annotations
+
+# KEYS: retry zset, stream. ARGV: most to move. Moves due retries back into the stream (as
+# `{delivery: record}`) on Redis' clock, so API hosts with skewed clocks agree on "due".
+# Returns {moved, ms until the next is due (-1: none)}.
+PROMOTE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+for _, record in ipairs(due) do
+  redis.call('ZREM', KEYS[1], record)
+  redis.call('XADD', KEYS[2], '*', D.delivery, record)
+end
+local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #nxt == 0 then return {#due, -1} end
+return {#due, math.max(0, tonumber(nxt[2]) - now)}
+"""
+
+# KEYS: stream, retry zset, dead stream. ARGV: group, consumer, entry id, mode, then
+# done: nothing | retry: delay ms, record | dead: maxlen, job id, record, reason.
+# Only while `consumer` still holds the entry: one taken over meanwhile is the taker's to
+# settle, so a slow deliverer never adds a second retry record or dead letter. Returns 1|0.
+SETTLE = """
+local held = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
+if #held == 0 then return 0 end
+if ARGV[4] == 'retry' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), ARGV[6])
+elseif ARGV[4] == 'dead' then
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*',
+             D.job, ARGV[6], D.delivery, ARGV[7], D.reason, ARGV[8])
+end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+redis.call('XDEL', KEYS[1], ARGV[3])
+return 1
+"""
+
+# KEYS: stream. ARGV: group, consumer. Deleting a consumer drops its pending entries for
+# good (reliability guide #2), so only one that holds none, checked in the same step.
+FORGET = """
+if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2]) > 0 then return 0 end
+redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""

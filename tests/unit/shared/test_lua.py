@@ -1,0 +1,93 @@
+"""One Lua convention: every script names fields, statuses and lanes only through the tables
+`inferq.shared.lua` builds from the schema, and gets exactly the tables it uses."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from types import ModuleType
+
+import pytest
+
+from inferq.shared import lua
+from inferq.shared.lua import batches, queue, webhooks
+from inferq.shared.schema import (
+    BATCH_FINAL,
+    FINAL,
+    BatchField,
+    BatchStatus,
+    DeliveryField,
+    FileField,
+    JobField,
+    Status,
+)
+
+MODULES: tuple[ModuleType, ...] = (queue, batches, webhooks)
+SCRIPTS = {
+    f"{m.__name__.rsplit('.', 1)[-1]}.{name}": body
+    for m in MODULES
+    for name, body in vars(m).items()
+    if name.isupper() and isinstance(body, str)
+}
+TABLES: dict[str, type[StrEnum]] = {
+    "F": JobField,
+    "S": Status,
+    "B": BatchField,
+    "BS": BatchStatus,
+    "FF": FileField,
+    "D": DeliveryField,
+}
+
+
+def test_every_script_module_is_covered() -> None:
+    """A new module of scripts must be added to MODULES, or nothing here checks it."""
+    from importlib.resources import files
+
+    found = {p.name[:-3] for p in files("inferq.shared.lua").iterdir() if p.name.endswith(".py")}
+    assert found - {"__init__"} == {m.__name__.rsplit(".", 1)[-1] for m in MODULES}
+    assert len(SCRIPTS) >= 16
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_no_script_spells_a_schema_name_as_a_literal(name: str) -> None:
+    quoted = set(re.findall(r"'([A-Za-z_]+)'", SCRIPTS[name]))
+    spelled = quoted & lua.SCHEMA_NAMES
+    assert not spelled, f"{name} hard-codes {sorted(spelled)}: use the prelude's tables"
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_every_table_reference_names_a_schema_member(name: str) -> None:
+    body = SCRIPTS[name]
+    for table, enum in TABLES.items():
+        members = {m.name.lower() for m in enum}
+        for ref in re.findall(rf"(?<![\w.]){table}\.([a-z_]+)", body):
+            assert ref in members, f"{name}: {table}.{ref} is not a {enum.__name__}"
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_a_script_gets_exactly_the_tables_it_uses(name: str) -> None:
+    body = SCRIPTS[name]
+    source = lua.source(body)
+    assert source.endswith(body)
+    prelude = source[: -len(body)]
+    defined = set(re.findall(r"^local (\w+) = ", prelude, re.M))
+    assert defined == set(lua.uses(body))
+    for table in defined:  # and each is used: nothing is built on every call for nothing
+        assert re.search(rf"(?<![\w.]){table}\b", body), f"{name} defines {table} unused"
+
+
+def test_the_tables_hold_every_member_and_final_state() -> None:
+    for table, enum in TABLES.items():
+        for m in enum:
+            assert f"{m.name.lower()}='{m.value}'" in lua.TABLES[table]
+    for st in FINAL:
+        assert f"['{st}']=true" in lua.TABLES["FINAL"]
+    for st in BATCH_FINAL:
+        assert f"['{st}']=true" in lua.TABLES["BFINAL"]
+    assert set(lua.TABLES) == {*TABLES, "FINAL", "BFINAL", "ENTRY_JOB"}
+
+
+def test_a_bare_literal_would_be_caught() -> None:
+    """The check above can fail: a body that spells a field is refused."""
+    quoted = set(re.findall(r"'([A-Za-z_]+)'", "redis.call('HGET', KEYS[1], 'status')"))
+    assert quoted & lua.SCHEMA_NAMES == {"status"}
