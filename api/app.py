@@ -28,7 +28,7 @@ from inferq.api import handlers
 from inferq.api.batches.files import FileStore
 from inferq.api.batches.leases import BatchLeases
 from inferq.api.batches.store import BatchStore
-from inferq.api.core.auth import load_api_keys
+from inferq.api.core.auth import load_admin_keys, load_api_keys
 from inferq.api.core.embeddings import EmbeddingsRequest
 from inferq.api.core.notifier import Notifier
 from inferq.api.core.schemas import InferRequest, SubmitRequest
@@ -43,7 +43,7 @@ from inferq.api.routes import (
     observability,
     status,
 )
-from inferq.api.routes.deps import authenticate
+from inferq.api.routes.deps import authenticate, require_admin
 from inferq.api.webhooks.contract import check_settings as check_webhook_settings
 from inferq.api.webhooks.dispatcher import Dispatcher
 from inferq.shared.metrics import api_metrics
@@ -109,10 +109,15 @@ def create_app(settings: Settings, *, redis: Redis | None = None) -> FastAPI:
         notifier = Notifier(conns.blocking())
         await notifier.start()
         queue = JobQueue(
-            conns.requests, result_ttl_s=settings.result_ttl_s, shards=settings.stream_shards
+            conns.requests,
+            result_ttl_s=settings.result_ttl_s,
+            shards=settings.stream_shards,
+            keep_inputs=settings.keep_inputs,
         )
+        registry = WorkerRegistry(conns.requests)
+        tenants = len(set(api_keys.values()))
         app.state.jobs = service = JobService(
-            settings, queue, WorkerRegistry(conns.requests), notifier, metrics
+            settings, queue, registry, notifier, metrics, tenants=tenants
         )
         # The Batch API's stores (its routes read them) and this process's share of the
         # running batches; webhook deliveries when a signing key is set.
@@ -138,6 +143,7 @@ def create_app(settings: Settings, *, redis: Redis | None = None) -> FastAPI:
                 await conns.requests.aclose()
 
     api_keys = load_api_keys(settings)
+    admin_keys = load_admin_keys(settings)
     check_webhook_settings(settings)  # a malformed secret list or allow-list stops the start
     # The schema and docs are endpoints too: with keys set they are not served openly.
     docs = {} if not api_keys else {"docs_url": None, "redoc_url": None, "openapi_url": None}
@@ -150,20 +156,30 @@ def create_app(settings: Settings, *, redis: Redis | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.api_keys = api_keys
+    app.state.admin_keys = admin_keys
     app.state.metrics = metrics
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     handlers.install(app)
+    _mount(app, settings)
+    return app
+
+
+def _mount(app: FastAPI, settings: Settings) -> None:
+    """The routers, each behind what guards it, and the body limits."""
     # Behind INFERQ_API_KEYS: everything but liveness/readiness and the status page's static
-    # HTML (it holds no data; its script sends the key it is given to /v1/health). The job
-    # and embeddings routes take the tenant as a parameter (their jobs belong to it).
+    # HTML (it holds no data; its script sends the key it is given to /v1/health). The job,
+    # embeddings, files and batches routes take the tenant as a parameter (what they touch
+    # belongs to it). Health and metrics are the operator's: INFERQ_ADMIN_KEYS.
     authed = [Depends(authenticate)]
+    admin = [Depends(require_admin)]
     app.include_router(jobs.router)
     app.include_router(health.router)
-    app.include_router(health.authed, dependencies=authed)
+    app.include_router(health.admin, dependencies=admin)
     app.include_router(embeddings.router)
     app.include_router(files.router, dependencies=authed)
     app.include_router(batches.router, dependencies=authed)
     app.include_router(observability.router, dependencies=authed)
+    app.include_router(observability.admin, dependencies=admin)
     app.include_router(status.router)
     # INFERQ_MAX_BODY_BYTES, but INFERQ_MAX_BATCH_FILE_BYTES for file uploads.
     app.add_middleware(
@@ -171,4 +187,3 @@ def create_app(settings: Settings, *, redis: Redis | None = None) -> FastAPI:
         max_body_bytes=settings.max_body_bytes,
         max_file_bytes=settings.max_batch_file_bytes,
     )
-    return app

@@ -13,7 +13,7 @@ from inferq.api.core.errors import request_error, retry_headers, validation_mess
 from inferq.api.core.views import error_body
 from inferq.api.middleware import BodyLimit, BodyTooLarge
 from inferq.api.responses import FastJSON
-from inferq.shared.errors import CodecError, QueueUnavailable, RequestError
+from inferq.shared.errors import CodecError, QueueUnavailable, RedisFull, RequestError
 
 log = logging.getLogger("inferq.api")
 
@@ -31,11 +31,9 @@ async def _request_error(request: Request, exc: RequestError) -> FastJSON:
 
 async def _unavailable(request: Request, exc: QueueUnavailable) -> FastJSON:
     log.warning("redis unavailable on %s %s: %s", request.method, request.url.path, exc)
-    return FastJSON(
-        error_body("unavailable", "the queue is unreachable; retry shortly"),
-        status_code=503,
-        headers=retry_headers(exc),
-    )
+    # Redis's own words name hosts and ports: they stay in the log. RedisFull's are ours.
+    message = str(exc) if isinstance(exc, RedisFull) else "the queue is unreachable; retry shortly"
+    return FastJSON(error_body("unavailable", message), status_code=503, headers=retry_headers(exc))
 
 
 async def _codec(request: Request, exc: CodecError) -> FastJSON:

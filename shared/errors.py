@@ -3,9 +3,11 @@
 InferqError
 ├── CodecError            a record or message could not be encoded/decoded (cause attached)
 ├── QueueUnavailable      Redis did not answer in time, or cannot take writes now
-│                         (down, loading, read-only replica, out of memory); `retry_after_s`
+│   │                     (down, loading, read-only replica, out of memory); `retry_after_s`
+│   └── RedisFull         Redis is past the memory high-water mark: new work waits
 └── RequestError          a client asked for something it cannot have
     ├── Unauthorized      no key, or a wrong one
+    ├── Forbidden         a valid key without the role the route needs (admin)
     ├── JobNotFound       no such job for this tenant
     ├── ModelNotServed    names the models served
     ├── JobConflict       the job already ended
@@ -38,11 +40,20 @@ class QueueUnavailable(InferqError):
         self.retry_after_s = retry_after_s
 
 
+class RedisFull(QueueUnavailable):
+    """Redis holds more than INFERQ_REDIS_MEMORY_HIGH_WATER of its maxmemory: the API refuses
+    new work (503) so that work already accepted can still finish and be written."""
+
+
 class RequestError(InferqError):
     """Something the client asked for and cannot have (a 4xx at the API)."""
 
 
 class Unauthorized(RequestError):
+    pass
+
+
+class Forbidden(RequestError):
     pass
 
 

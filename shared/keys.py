@@ -14,6 +14,9 @@ read and written outside scripts and need no tag. On one Redis the tags change n
 | `stream(model, lane, shard)`     | stream  | forever; entries deleted once acked         |
 | `queued_items(model, shard)`     | string  | counter: items accepted and not yet final    |
 | `queued_bytes(model, shard)`     | string  | counter: input bytes accepted and not yet final |
+| `tenant_items(model, shard, t)`  | string  | counter: the tenant's items accepted and not yet final (when capped) |
+| `tenant_bytes(model, shard, t)`  | string  | counter: the tenant's input bytes accepted and not yet final |
+| `tenant_webhooks(model, shard, t)` | string | counter: the tenant's webhook deliveries queued and not settled |
 | `idempotency(t, h, model, shard)`| string  | job id for (tenant, key hash), `idempotency_ttl_s` |
 | `GROUP`                          | group   | consumer group on each stream               |
 | `job(job_id)`                    | hash    | `result_ttl_s` once final, else until final |
@@ -121,6 +124,26 @@ def queued_items(model: str, shard: int = 0, shards: int = 1) -> str:
 def queued_bytes(model: str, shard: int = 0, shards: int = 1) -> str:
     """Input bytes accepted on one shard of `model` and not yet final: the byte counter."""
     return f"{_q(model, shard, shards)}:queued_bytes"
+
+
+def _tenant(tenant: str) -> str:
+    # Tenants are the operator's names (INFERQ_API_KEYS), never a client's string.
+    return tenant or "-"
+
+
+def tenant_items(model: str, shard: int, shards: int, tenant: str) -> str:
+    """Items `tenant` has accepted on one shard of `model` and not yet final."""
+    return f"{_q(model, shard, shards)}:tenant:{_tenant(tenant)}:items"
+
+
+def tenant_bytes(model: str, shard: int, shards: int, tenant: str) -> str:
+    """Input bytes `tenant` has accepted on one shard of `model` and not yet final."""
+    return f"{_q(model, shard, shards)}:tenant:{_tenant(tenant)}:bytes"
+
+
+def tenant_webhooks(model: str, shard: int, shards: int, tenant: str) -> str:
+    """Webhook deliveries of `tenant`'s jobs on one shard, queued and not yet settled."""
+    return f"{_q(model, shard, shards)}:tenant:{_tenant(tenant)}:webhooks"
 
 
 def model_info(model: str) -> str:

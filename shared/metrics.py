@@ -13,6 +13,8 @@ build fresh ones:
 | `inferq_webhook_attempt_seconds`     | histogram | –              | api    |
 | `inferq_batches_finished_total`      | counter   | status         | api    |
 | `inferq_batch_lines_total`           | counter   | result         | api    |
+| `inferq_redis_memory_ratio`          | gauge     | –              | api    |
+| `inferq_background_errors_total`     | counter   | loop           | api    |
 | `inferq_jobs_finished_total`         | counter   | model, status  | worker |
 | `inferq_job_queue_seconds`           | histogram | model          | worker |
 | `inferq_job_latency_seconds`         | histogram | model          | worker |
@@ -98,6 +100,8 @@ class ApiMetrics:
     webhook_attempt_seconds: Histogram
     batches_finished: Counter
     batch_lines: Counter
+    redis_memory_ratio: Gauge
+    background_errors: Counter
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,19 @@ def api_metrics(registry: CollectorRegistry | None = None) -> ApiMetrics:
             "Batch API request lines recorded, by result: succeeded (output file) or failed "
             "(error file: refused, failed, malformed, or not run).",
             ["result"],
+            registry=reg,
+        ),
+        redis_memory_ratio=Gauge(
+            f"{PREFIX}_redis_memory_ratio",
+            "Redis used_memory / maxmemory as this API process last read it (0 without a "
+            "maxmemory); new work is refused past INFERQ_REDIS_MEMORY_HIGH_WATER.",
+            registry=reg,
+        ),
+        background_errors=Counter(
+            f"{PREFIX}_background_errors",
+            "Failures a background loop of the API survived (it backs off and goes on), by "
+            "loop: batch_leases, batch_run, webhooks_read, webhooks_upkeep.",
+            ["loop"],
             registry=reg,
         ),
     )

@@ -22,10 +22,12 @@ from inferq.shared.jobs import Job, decode_job, encode_submit, input_bytes, now_
 from inferq.shared.lua import queue as scripts
 from inferq.shared.redis_conn import as_str, unavailable
 from inferq.shared.replicas import call_and_wait
-from inferq.shared.schema import ENTRY_JOB
+from inferq.shared.schema import ENTRY_JOB, JobField
 
 _ENTRY_JOB = ENTRY_JOB.encode()
 # FINISH's first KEYS, in its order: one shard's counters, dead letters, webhooks and cache.
+# Per job, after its record: its tenant's counters (FINISH frees what SUBMIT counted).
+_TENANT_KEYS = (keys.tenant_items, keys.tenant_bytes, keys.tenant_webhooks)
 _FINISH_SHARD_KEYS = (
     keys.queued_items,
     keys.queued_bytes,
@@ -56,6 +58,7 @@ class Final:
     job_id: str
     fields: dict[str, bytes]
     dead_letter: bool = False
+    tenant: str = ""  # whose counters the job holds (SUBMIT marked it): FINISH frees them
 
 
 @dataclass(slots=True)
@@ -69,7 +72,8 @@ class Claimed:
 @dataclass(slots=True)
 class Submitted:
     """What `submit` did: `created`, or `duplicate` of `job_id`, or refused: `full` (items
-    queued = `depth`) or `full_bytes` (bytes queued = `depth`)."""
+    queued = `depth`), `full_bytes` (bytes queued), `tenant_full` (the tenant's items) or
+    `tenant_bytes` (the tenant's bytes)."""
 
     outcome: str
     job_id: str = ""
@@ -103,10 +107,13 @@ class JobQueue:
     model (depth, position, lanes) add up its shards.
     """
 
-    def __init__(self, redis: Redis, *, result_ttl_s: int, shards: int = 1) -> None:
+    def __init__(
+        self, redis: Redis, *, result_ttl_s: int, shards: int = 1, keep_inputs: bool = False
+    ) -> None:
         self.redis = redis
         self.result_ttl_s = result_ttl_s
         self.shards = shards
+        self.keep_inputs = keep_inputs  # off: a final record drops its inputs (FINISH)
         # A cluster client refuses scripts inside a pipeline: calls go out side by side.
         self.cluster = isinstance(redis, RedisCluster)
         self._submit = redis.register_script(lua.source(scripts.SUBMIT))
@@ -127,11 +134,13 @@ class JobQueue:
         idempotency_key: str | None = None,
         idempotency_ttl_s: int = 86_400,
         wait: tuple[int, int] = (0, 0),  # (replicas, timeout ms) to WAIT for: shared/replicas
+        tenant_caps: tuple[int, int] = (0, 0),  # (items, bytes) the tenant may hold; 0: uncounted
     ) -> Submitted:
-        """Admit, record and enqueue atomically (retry-safe: keyed by job id / idempotency key)."""
+        """Admit, record and enqueue atomically (retry-safe: keyed by job id / idempotency key).
+        `depth` of a refusal: what its cap counts (the shard's, or the tenant's on it)."""
         size = sum(input_bytes(v) for v in job.inputs)
         argv: list[bytes | str | int] = [job.id, len(job.inputs), max_queue]
-        argv += [idempotency_ttl_s, size, max_bytes]
+        argv += [idempotency_ttl_s, size, max_bytes, *tenant_caps]
         for k, v in encode_submit(job).items():
             argv += [k, v]
         shard = shard_of(job.id)
@@ -140,6 +149,8 @@ class JobQueue:
             keys.stream(job.model, job.priority, shard, self.shards),
             keys.queued_items(job.model, shard, self.shards),
             keys.queued_bytes(job.model, shard, self.shards),
+            keys.tenant_items(job.model, shard, self.shards, job.tenant),
+            keys.tenant_bytes(job.model, shard, self.shards, job.tenant),
         ]
         if idempotency_key is not None:
             script_keys.append(
@@ -155,9 +166,7 @@ class JobQueue:
             return Submitted("created", job.id, value, replicas=acked)
         if outcome == "dup":
             return Submitted("duplicate", value, replicas=acked)
-        if outcome == "full_bytes":
-            return Submitted("full_bytes", depth=int(value))
-        return Submitted("full", depth=int(value))
+        return Submitted(outcome, depth=int(value))  # full, full_bytes, tenant_full, tenant_bytes
 
     @unavailable
     async def record_cached(
@@ -172,9 +181,14 @@ class JobQueue:
         never counted against admission; idempotency and webhooks as for any job."""
         argv: list[bytes | str | int] = [job.id, self.result_ttl_s, idempotency_ttl_s]
         for k, v in fields.items():
-            argv += [k, v]
+            if k != JobField.INPUTS or self.keep_inputs:
+                argv += [k, v]
         shard = shard_of(job.id)
-        script_keys = [keys.job(job.id), keys.webhooks(job.model, shard, self.shards)]
+        script_keys = [
+            keys.job(job.id),
+            keys.webhooks(job.model, shard, self.shards),
+            keys.tenant_webhooks(job.model, shard, self.shards, job.tenant),
+        ]
         if idempotency_key is not None:
             script_keys.append(
                 keys.idempotency(job.tenant, idempotency_key, job.model, shard, self.shards)
@@ -192,7 +206,7 @@ class JobQueue:
     @unavailable
     async def cancel(self, job: Job, fields: dict[str, bytes], *, only_if_queued: bool) -> int:
         """Finalise a job from outside a worker (cancel/expire); same guard as `finish`."""
-        final = Final(job.model, "", "", job.id, fields)
+        final = Final(job.model, "", "", job.id, fields, tenant=job.tenant)
         script_keys, argv = self._finish_args(job.model, shard_of(job.id), [final], only_if_queued)
         return int((await self._finish(keys=script_keys, args=argv))[0])
 
@@ -204,17 +218,13 @@ class JobQueue:
             if f.stream:  # outcomes written from outside a worker have no entry to ack
                 by_stream.setdefault(f.stream, []).append(f.entry_id)
         script_keys = [k(model, shard, self.shards) for k in _FINISH_SHARD_KEYS] + list(by_stream)
-        argv: list[bytes | str | int] = [
-            self.result_ttl_s,
-            "1" if only_if_queued else "0",
-            now_ms(),
-            keys.GROUP,
-            len(by_stream),
-        ]
+        argv: list[bytes | str | int] = [self.result_ttl_s, "1" if only_if_queued else "0"]
+        argv += [now_ms(), keys.GROUP, "1" if self.keep_inputs else "0", len(by_stream)]
         for ids in by_stream.values():
             argv += [len(ids), *ids]
         for f in finals:
             script_keys.append(keys.job(f.job_id))
+            script_keys += [k(model, shard, self.shards, f.tenant) for k in _TENANT_KEYS]
             argv += [keys.done_channel(f.job_id), "1" if f.dead_letter else "0", 2 * len(f.fields)]
             for k, v in f.fields.items():
                 argv += [k, v]
@@ -441,6 +451,18 @@ class JobQueue:
     @unavailable
     async def queued_bytes(self, model: str) -> int:
         return await self._sum(keys.queued_bytes, model)
+
+    @unavailable
+    async def tenant_held(self, model: str, tenant: str) -> tuple[int, int, int]:
+        """(items, input bytes, webhook deliveries) `tenant` holds on `model`'s shards."""
+        per_tenant = (keys.tenant_items, keys.tenant_bytes, keys.tenant_webhooks)
+        async with self.redis.pipeline(transaction=False) as p:
+            for key in per_tenant:
+                for shard in range(self.shards):
+                    p.get(key(model, shard, self.shards, tenant))
+            replies = [int(n or 0) for n in await p.execute()]
+        n = self.shards
+        return sum(replies[:n]), sum(replies[n : 2 * n]), sum(replies[2 * n :])
 
     @unavailable
     async def position(self, job: Job, limit: int = 1000) -> int:

@@ -60,12 +60,20 @@ REDIS_DOWN: tuple[type[BaseException], ...] = (
 # Redis before 7 reports a write refused inside a Lua script as a generic script error
 # ("ERR Error running script ...: -OOM command not allowed ..."), which redis-py cannot type.
 _REFUSALS_IN_SCRIPTS = ("OOM command not allowed", "READONLY", "MASTERDOWN", "TRYAGAIN")
+# Refusals redis-py leaves as a plain ResponseError, by their error code: too few replicas
+# for min-replicas-to-write, a failed RDB save under stop-writes-on-bgsave-error, a script
+# running past its time limit, still loading, and OOM where it is not typed (a pipeline, a
+# script on Redis 7). Each passes: retrying later can succeed.
+_REFUSAL_CODES = ("NOREPLICAS", "MISCONF", "BUSY", "LOADING", "OOM", "READONLY", "MASTERDOWN")
 
 
-def refused_inside_script(e: ResponseError) -> bool:
-    """A script error that is one of `REDIS_DOWN`'s refusals underneath (Redis 6.2)."""
+def is_refusal(e: ResponseError) -> bool:
+    """A Redis refusal that redis-py left as a plain ResponseError: one of `REDIS_DOWN`'s
+    inside a script (Redis 6.2), or one whose error code is in `_REFUSAL_CODES`."""
     msg = str(e)
-    return "script" in msg and any(r in msg for r in _REFUSALS_IN_SCRIPTS)
+    if msg.split(" ", 1)[0] in _REFUSAL_CODES:
+        return True
+    return "script" in msg and any(r in msg for r in (*_REFUSALS_IN_SCRIPTS, *_REFUSAL_CODES))
 
 
 def as_str(value: bytes | str) -> str:
@@ -111,7 +119,7 @@ def unavailable(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
                 raise
             raise QueueUnavailable(f"redis unavailable: connection torn down: {e!r}") from e
         except ResponseError as e:
-            if not refused_inside_script(e):
+            if not is_refusal(e):
                 raise
             raise QueueUnavailable(f"redis unavailable: {e}") from e
 

@@ -107,6 +107,7 @@ class JobField(StrEnum):
     WEBHOOK = "webhook"  # {"url": ...}: POSTed the job's view when final (inferq.api.webhooks)
     CACHE = "cache"  # {"key", "ttl_s", "max_bytes"}: where FINISH stores the outputs on success
     CACHED = "cached"  # true: the outputs were answered from the result cache, no worker ran
+    QUOTA = "quota"  # true: counted against its tenant's queue counters (SUBMIT), FINISH frees
 
 
 class BatchStatus(StrEnum):
@@ -166,9 +167,10 @@ class FileField(StrEnum):
 
 
 class DeliveryField(StrEnum):
-    """Fields of a webhook stream entry: `{job}` when queued by FINISH/CACHED, `{delivery}`
-    when a retry is due again; a dead letter carries all three."""
+    """Fields of a webhook stream entry: `{job, record}` when queued by FINISH/CACHED,
+    `{delivery}` when a retry is due again; a dead letter carries job, delivery, reason."""
 
     JOB = ENTRY_JOB  # what FINISH and CACHED write: the same field as a job stream entry
+    RECORD = "record"  # beside it: the final record (packed, no inputs), what the body is made of
     DELIVERY = "delivery"
     REASON = "reason"

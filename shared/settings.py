@@ -155,6 +155,63 @@ class Settings(BaseSettings):
         "async replication (a write acknowledged just before the master dies can be lost).",
     )
 
+    # --- tenants, quotas and Redis memory (docs/operations.md, "Security and limits") ---
+    admin_keys: SecretStr | None = Field(
+        None,
+        description="'name:key,...' or '@/path/file': keys that may read /v1/health, /metrics "
+        "and the workers in /v1/models. With INFERQ_API_KEYS set and no admin key, nobody can.",
+    )
+    tenant_queue_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="The share of INFERQ_MAX_QUEUE and INFERQ_MAX_QUEUE_BYTES one tenant may hold "
+        "when INFERQ_API_KEYS names several tenants (429 tenant_queue_full): one tenant cannot "
+        "fill the queue for the others. 1 turns the per-tenant cap off.",
+    )
+    tenant_max_files: int = Field(
+        100, gt=0, description="Files one tenant may keep (uploads and batch outputs); 429 past it."
+    )
+    tenant_max_file_bytes: int = Field(
+        1 << 30,
+        gt=0,
+        description="Bytes of files one tenant may keep in Redis (they live "
+        "INFERQ_BATCH_FILE_TTL_S); an upload past it is refused with 429.",
+    )
+    tenant_max_batches: int = Field(
+        16, gt=0, description="Batches one tenant may have running at once; 429 past it."
+    )
+    tenant_max_webhooks: int = Field(
+        10_000,
+        gt=0,
+        description="Webhook deliveries of one tenant not yet settled (queued or retrying); new "
+        "jobs with a webhook get 429 past it, so one dead target cannot grow Redis for ever.",
+    )
+    max_json_values: int = Field(
+        1 << 20,
+        gt=0,
+        description="Values (numbers, strings, lists) one JSON body may hold; past it 413 before "
+        "parsing. Each costs ~30 bytes of API memory and CPU on the event loop: send large "
+        "tensors as base64 `data` or multipart.",
+    )
+    keep_inputs: bool = Field(
+        False,
+        description="Keep a finished job's inputs in its record for INFERQ_RESULT_TTL_S. Off, "
+        "they are dropped when the job ends, so finished jobs hold their outputs only.",
+    )
+    redis_maxmemory: str = Field(
+        "25%",
+        description="maxmemory of the Redis `inferq up` starts (noeviction): bytes ('2gb') or a "
+        "share of the machine's memory ('25%'). Deployments set their own Redis's (compose, k8s).",
+    )
+    redis_memory_high_water: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Share of Redis's maxmemory past which the API refuses new work with 503 + "
+        "Retry-After, before Redis refuses writes: finishing work still has room.",
+    )
+
     # --- webhooks (delivered by the API processes) ---
     webhook_secret: SecretStr | None = Field(
         None,
@@ -187,6 +244,23 @@ class Settings(BaseSettings):
         600.0,
         gt=0,
         description="Longest retry delay: caps the doubling, and a Retry-After asking for more.",
+    )
+    webhook_per_target: int = Field(
+        4,
+        gt=0,
+        description="Attempts in flight to one target (host and port) per API process: a slow "
+        "target holds its own slots, never all of INFERQ_WEBHOOK_CONCURRENCY.",
+    )
+    webhook_breaker_failures: int = Field(
+        5,
+        gt=0,
+        description="Failed attempts in a row after which a target's circuit opens: its deliveries "
+        "wait INFERQ_WEBHOOK_BREAKER_COOLDOWN_S without being attempted.",
+    )
+    webhook_breaker_cooldown_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long an open circuit waits before one attempt tries the target.",
     )
     webhook_concurrency: int = Field(
         16, gt=0, description="Deliveries one API process makes at once."

@@ -94,7 +94,10 @@ class Book:
             log.warning("job %s %s: %s %s", state.job.id, final, error.code, error.message)
         e = state.entry
         self.outbox.post(
-            Final(self.model_name, e.stream, e.entry_id, state.job.id, fields, state.dead_letter)
+            Final(
+                self.model_name, e.stream, e.entry_id, state.job.id, fields, state.dead_letter,
+                tenant=state.job.tenant,
+            )
         )
 
     def fail(self, state: JobState, error: JobError, status: Status = Status.FAILED) -> None:

@@ -40,6 +40,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from inferq.api.core.errors import job_failure, request_error, validation_message
+from inferq.api.core.inputs import json_values
 from inferq.api.core.service import Submission
 from inferq.shared.errors import Overloaded, RequestError
 from inferq.shared.jobs import Job, Status
@@ -120,8 +121,12 @@ def _encode(row: np.ndarray, fmt: str) -> np.ndarray | str:
     return row  # orjson writes numpy rows natively
 
 
-def parse_request(raw: bytes) -> EmbeddingsRequest | Answer:
-    """The request in a JSON body, or the 400 the endpoint answers for it."""
+def parse_request(raw: bytes, max_values: int | None = None) -> EmbeddingsRequest | Answer:
+    """The request in a JSON body, or the 400 (413 past `max_values`, before parsing: see
+    `inputs.check_json_budget`) the endpoint answers for it."""
+    if max_values is not None and (n := json_values(raw)) > max_values:
+        message = f"the JSON body holds about {n} values, over INFERQ_MAX_JSON_VALUES={max_values}"
+        return openai_error_answer(413, message, "invalid_request_error", "input_rejected")
     try:
         req = EmbeddingsRequest.model_validate_json(raw)
     except ValidationError as e:

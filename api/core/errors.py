@@ -12,6 +12,7 @@ lines and the metrics all read these tables. Two tables, both here and nowhere e
 | error                      | status | code / type                  |
 |----------------------------|--------|------------------------------|
 | Unauthorized               | 401    | unauthorized                 |
+| Forbidden                  | 403    | forbidden                    |
 | JobNotFound                | 404    | not_found                    |
 | ModelNotServed             | 404    | model_not_found              |
 | JobConflict                | 409    | conflict                     |
@@ -31,6 +32,7 @@ lines and the metrics all read these tables. Two tables, both here and nowhere e
 from __future__ import annotations
 
 from inferq.shared.errors import (
+    Forbidden,
     InputInvalid,
     InputTooLarge,
     JobConflict,
@@ -45,6 +47,7 @@ from inferq.shared.schema import ErrorCode
 
 REQUEST_ERRORS: dict[type[RequestError], tuple[int, str]] = {
     Unauthorized: (401, "unauthorized"),
+    Forbidden: (403, "forbidden"),
     JobNotFound: (404, "not_found"),
     ModelNotServed: (404, "model_not_found"),
     JobConflict: (409, "conflict"),

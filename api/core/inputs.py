@@ -127,12 +127,47 @@ def check_text(text: str, index: int, settings: Settings) -> str:
     return text
 
 
-def wire_inputs(items: list[InputItem], settings: Settings) -> tuple[list[Any], list[InputKind]]:
-    """Checked inputs as they go into Redis, and each one's kind."""
+def json_values(raw: bytes) -> int:
+    """About how many values a JSON body holds (its commas, brackets and braces: a string
+    with commas inside counts a few too many). Counted on the raw bytes, at memchr speed,
+    so an oversized body is refused before anything is parsed."""
+    return raw.count(b",") + raw.count(b"[") + raw.count(b"{")
+
+
+def check_json_budget(raw: bytes, settings: Settings) -> None:
+    """413 for a JSON body with more values than INFERQ_MAX_JSON_VALUES: parsing it would
+    build that many Python objects on the event loop (a nested-list tensor, say)."""
+    if (n := json_values(raw)) > settings.max_json_values:
+        raise InputTooLarge(
+            f"the JSON body holds about {n} values, over INFERQ_MAX_JSON_VALUES="
+            f"{settings.max_json_values}: send large tensors as base64 `data` (little-endian "
+            "bytes) or as multipart uploads"
+        )
+
+
+def item_kinds(items: list[InputItem], settings: Settings) -> list[InputKind]:
+    """Each input's kind, known from its shape before anything is decoded or converted."""
     if len(items) > settings.max_inputs_per_job:
         raise InputTooLarge(
             f"{len(items)} inputs exceed INFERQ_MAX_INPUTS_PER_JOB={settings.max_inputs_per_job}"
         )
+    return [
+        InputKind.TEXT
+        if isinstance(item, str)
+        else InputKind.IMAGE
+        if isinstance(item, ImageItem)
+        else InputKind.TENSOR
+        for item in items
+    ]
+
+
+def image_kinds(files: list[bytes]) -> list[InputKind]:
+    return [InputKind.IMAGE] * len(files)
+
+
+def wire_inputs(items: list[InputItem], settings: Settings) -> tuple[list[Any], list[InputKind]]:
+    """Checked inputs as they go into Redis, and each one's kind."""
+    item_kinds(items, settings)  # the count first: nothing is converted past the limit
     values: list[Any] = []
     kinds: list[InputKind] = []
     for i, item in enumerate(items):

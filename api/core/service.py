@@ -26,8 +26,15 @@ from inferq.api.core.admission import Admission
 from inferq.api.core.cache import ResultCache
 from inferq.api.core.catalog import ModelCatalog
 from inferq.api.core.errors import refusal_reason
-from inferq.api.core.inputs import InputItem, wire_images, wire_inputs
+from inferq.api.core.inputs import (
+    InputItem,
+    image_kinds,
+    item_kinds,
+    wire_images,
+    wire_inputs,
+)
 from inferq.api.core.notifier import Notifier
+from inferq.api.core.pressure import RedisMemory
 from inferq.api.webhooks.contract import submit_target
 from inferq.shared import keys
 from inferq.shared.errors import JobConflict, JobNotFound, QueueUnavailable, RequestError
@@ -49,6 +56,8 @@ from inferq.shared.registry import WorkerRegistry
 from inferq.shared.schema import JobField
 from inferq.shared.settings import Settings
 
+#: What `JobQueue.submit` answers when a cap refused the job on that shard.
+REFUSED = ("full", "full_bytes", "tenant_full", "tenant_bytes")
 #: The `model` label of a refused submit that named no served model: a client's string
 #: never becomes a label value (each would be a series kept for the process's life).
 UNKNOWN_MODEL = "unknown"
@@ -88,21 +97,32 @@ class JobService:
         registry: WorkerRegistry,
         notifier: Notifier,
         metrics: ApiMetrics,
+        *,
+        tenants: int = 1,
     ) -> None:
+        """`tenants`: how many tenants INFERQ_API_KEYS names; with several, each holds at most
+        its share of a model's queue (INFERQ_TENANT_QUEUE_SHARE)."""
         self.settings = settings
         self.queue = queue
         self.registry = registry
         self.notifier = notifier
         self.metrics = metrics
         self.catalog = ModelCatalog(settings, registry)
-        self.admission = Admission(settings.max_queue, settings.max_queue_bytes)
+        self.admission = Admission(
+            settings.max_queue,
+            settings.max_queue_bytes,
+            tenant_share=settings.tenant_queue_share if tenants > 1 else 1.0,
+            max_webhooks=settings.tenant_max_webhooks,
+        )
         self.cache = ResultCache(settings, queue.redis)
+        self.memory = RedisMemory(queue.redis, settings.redis_memory_high_water, metrics)
         self.shutting_down = False
         self._turn = itertools.count(random.randrange(1024))  # the next unpinned job's shard
 
     # --- submit ---
     async def submit(self, sub: Submission) -> Job:
         """Admit, record, enqueue; every accepted and every refused job is counted."""
+        await self.memory.check()  # 503 while Redis is nearly full: before anything else
         try:
             job, created = await self._submit(sub)
         except RequestError as e:
@@ -115,13 +135,18 @@ class JobService:
         return job
 
     async def _job(self, sub: Submission) -> Job:
-        """The job a submission asks for, checked (inputs, model, webhook), not yet placed."""
+        """The job a submission asks for, checked (model, input kinds, then each input,
+        webhook), not yet placed. Kinds first: an input the model cannot take is refused
+        before any of it is converted."""
         name = self.catalog.resolve(sub.model)
         if sub.files:
-            inputs, kinds = wire_images(sub.files, self.settings)
+            await self.catalog.check(name, image_kinds(sub.files), sub.parameters)
+            inputs, _ = wire_images(sub.files, self.settings)
         else:
-            inputs, kinds = wire_inputs(sub.items, self.settings)
-        await self.catalog.check(name, kinds, sub.parameters)
+            await self.catalog.check(name, item_kinds(sub.items, self.settings), sub.parameters)
+            inputs, _ = wire_inputs(sub.items, self.settings)
+        if sub.webhook is not None:
+            await self._check_webhook_backlog(name, sub.tenant)
         # 422 without a signing key or for a URL the SSRF guard refuses (resolved off-loop).
         webhook = await submit_target(self.settings, sub.tenant, sub.webhook)
         timeout_s = sub.timeout_s or self.settings.job_timeout_s
@@ -138,6 +163,11 @@ class JobService:
         )
         job.webhook = webhook
         return job
+
+    async def _check_webhook_backlog(self, model: str, tenant: str) -> None:
+        _, _, backlog = await self.queue.tenant_held(model, tenant)
+        if (refusal := self.admission.webhook_refusal(tenant, backlog)) is not None:
+            raise refusal
 
     async def _place(self, job: Job, idempotency_key: str | None) -> _Placement:
         key_hash = None
@@ -177,6 +207,10 @@ class JobService:
             raise self.admission.too_many_items(
                 job.model, done.depth, len(job.inputs), rate, timeout_s
             )
+        if done.outcome in ("tenant_full", "tenant_bytes"):
+            raise self.admission.tenant_refusal(
+                done.outcome, job.tenant, job.model, done.depth, len(job.inputs), rate
+            )
         return job, True
 
     def _check_replicas(self, done: Submitted) -> None:
@@ -203,6 +237,7 @@ class JobService:
         for step in range(1 if place.pinned else shards):
             if step:
                 job.id = new_job_id(job.model, (place.first + step) % shards, shards)
+            caps = self.admission.tenant_caps()
             done = await self.queue.submit(
                 job,
                 max_queue=per_shard(limit, shards),
@@ -210,14 +245,22 @@ class JobService:
                 idempotency_key=place.key_hash,
                 idempotency_ttl_s=self.settings.idempotency_ttl_s,
                 wait=(self.settings.redis_wait_replicas, self._wait_ms()),
+                tenant_caps=(per_shard(caps[0], shards), per_shard(caps[1], shards)),
             )
-            if done.outcome not in ("full", "full_bytes"):
+            if done.outcome not in REFUSED:
                 return done
-        if shards > 1:
-            full_bytes = done.outcome == "full_bytes"
-            total = self.queue.queued_bytes if full_bytes else self.queue.queued_items
-            done.depth = await total(job.model)
+        if shards > 1:  # every shard refused: say what the whole model holds
+            done.depth = await self._held(job, done.outcome)
         return done
+
+    async def _held(self, job: Job, outcome: str) -> int:
+        """What a refusal's cap counts, over every shard of the model."""
+        if outcome == "full":
+            return await self.queue.queued_items(job.model)
+        if outcome == "full_bytes":
+            return await self.queue.queued_bytes(job.model)
+        items, size, _ = await self.queue.tenant_held(job.model, job.tenant)
+        return items if outcome == "tenant_full" else size
 
     async def _answer_cached(
         self, job: Job, outputs: bytes, key_hash: str | None

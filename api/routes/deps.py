@@ -13,8 +13,9 @@ from fastapi import Depends, Header, Request
 from inferq.api.batches.files import FileStore
 from inferq.api.batches.leases import BatchLeases
 from inferq.api.batches.store import BatchStore
-from inferq.api.core.auth import tenant_of
+from inferq.api.core.auth import check_admin, tenant_of
 from inferq.api.core.service import JobService
+from inferq.shared.errors import RequestError
 from inferq.shared.metrics import ApiMetrics
 from inferq.shared.queue import JobQueue
 from inferq.shared.registry import WorkerRegistry
@@ -58,6 +59,21 @@ async def authenticate(request: Request) -> str:
     return tenant_of(request.app.state.api_keys, request.headers.get("authorization", ""))
 
 
+async def require_admin(request: Request) -> None:
+    """An operator's route: 401 without a valid key, 403 for a tenant's (`check_admin`)."""
+    state = request.app.state
+    check_admin(state.admin_keys, state.api_keys, request.headers.get("authorization", ""))
+
+
+async def is_admin(request: Request) -> bool:
+    """Whether the caller may see operator detail (workers' hosts and PIDs)."""
+    try:
+        await require_admin(request)
+    except RequestError:
+        return False
+    return True
+
+
 Jobs = Annotated[JobService, Depends(_jobs)]
 Config = Annotated[Settings, Depends(_settings)]
 Queue = Annotated[JobQueue, Depends(_queue)]
@@ -67,6 +83,7 @@ Files = Annotated[FileStore, Depends(_files)]
 Batches = Annotated[BatchStore, Depends(_batches)]
 Leases = Annotated[BatchLeases, Depends(_leases)]
 Tenant = Annotated[str, Depends(authenticate)]
+Admin = Annotated[bool, Depends(is_admin)]
 IdempotencyKey = Annotated[
     str | None,
     Header(max_length=256, description="Same key, same tenant, within 24 h: the same job back."),

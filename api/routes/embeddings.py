@@ -44,7 +44,7 @@ async def create_embeddings(
     idempotency_key: IdempotencyKey = None,
 ) -> FastJSON:
     """OpenAI-compatible embeddings: one vector per input, in input order."""
-    req = parse_request(await request.body())
+    req = parse_request(await request.body(), settings.max_json_values)
     if isinstance(req, Answer):
         return _send(req)
     try:

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter
 
 from inferq.api.core.health import health_report
@@ -13,8 +15,10 @@ from inferq.api.routes.deps import Config, Queue, Registry
 from inferq.shared.errors import QueueUnavailable
 from inferq.shared.jobs import now_ms
 
+log = logging.getLogger("inferq.api")
+
 router = APIRouter(tags=["health"])
-authed = APIRouter(tags=["health"])  # behind INFERQ_API_KEYS (the app adds the dependency)
+admin = APIRouter(tags=["health"])  # the operator's: INFERQ_ADMIN_KEYS (the app adds it)
 
 
 @router.get("/healthz")
@@ -31,15 +35,16 @@ async def readyz(settings: Config, queue: Queue, registry: Registry) -> FastJSON
         now = now_ms()
         unserved = [m for m in sorted(settings.served_models) if not await registry.live(m, now)]
     except QueueUnavailable as e:
-        return FastJSON(
-            {"status": "unavailable", "redis": False, "reason": str(e)}, status_code=503
-        )
+        # Redis's words name hosts and ports: the log has them, an unauthenticated caller not.
+        log.warning("/readyz: redis unreachable: %s", e)
+        body = {"status": "unavailable", "redis": False, "reason": "redis unreachable"}
+        return FastJSON(body, status_code=503)
     ready = settings.default_model.name not in unserved
     body = {"status": "ready" if ready else "no_worker", "redis": True, "unserved_models": unserved}
     return FastJSON(body, status_code=200 if ready else 503)
 
 
-@authed.get("/v1/health")
+@admin.get("/v1/health")
 async def health(settings: Config, queue: Queue, registry: Registry) -> FastJSON:
     """Overall status, Redis round-trip, per model: queue depth, oldest age, live workers."""
     code, body = await health_report(queue, registry, sorted(settings.served_models))

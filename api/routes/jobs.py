@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, Json, ValidationError
 
 from inferq.api.core.errors import job_failure
+from inferq.api.core.inputs import check_json_budget
 from inferq.api.core.schemas import (
     ErrorResponse,
     InferRequest,
@@ -106,8 +107,10 @@ async def read_submission(
         )
         return sub, meta.wait
     schema = InferRequest if infer else SubmitRequest
+    body = await request.body()
+    check_json_budget(body, settings)  # before a parse that would build every value
     try:
-        req = schema.model_validate_json(await request.body())
+        req = schema.model_validate_json(body)
     except ValidationError as e:
         raise RequestValidationError(e.errors()) from e
     sub = Submission(

@@ -1,4 +1,5 @@
-"""What an operator scrapes or lists: `/metrics` (Prometheus) and `/v1/models`."""
+"""What an operator scrapes or lists: `/metrics` (Prometheus, admin only) and `/v1/models`
+(every caller; its workers' detail, hosts and PIDs among it, for admins only)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 from fastapi import APIRouter, Response
 
 from inferq.api.responses import FastJSON
-from inferq.api.routes.deps import Config, Jobs, Metrics, Registry
+from inferq.api.routes.deps import Admin, Config, Jobs, Metrics, Registry
 from inferq.shared.errors import QueueUnavailable
 from inferq.shared.jobs import now_ms
 from inferq.shared.metrics import CONTENT_TYPE_LATEST, render
@@ -15,14 +16,15 @@ from inferq.shared.metrics import CONTENT_TYPE_LATEST, render
 log = logging.getLogger("inferq.api")
 
 router = APIRouter(tags=["observability"])
+admin = APIRouter(tags=["observability"])  # the operator's: INFERQ_ADMIN_KEYS (the app adds it)
 
 _MODEL_WORKER_FIELDS = ("id", "host", "device", "backend", "token_ceiling", "calibration")
 
 
 @router.get("/v1/models")
-async def models(settings: Config, jobs: Jobs, registry: Registry) -> FastJSON:
-    """Served models: what each takes and gives, and its live workers (device, backend, live
-    ceiling, calibration)."""
+async def models(settings: Config, jobs: Jobs, registry: Registry, detail: Admin) -> FastJSON:
+    """Served models: what each takes and gives, whether a worker serves it; for an admin
+    also its target and live workers (device, backend, live ceiling, calibration)."""
     names = sorted(settings.served_models)
     try:
         workers = await registry.beats(names, now_ms())
@@ -34,7 +36,9 @@ async def models(settings: Config, jobs: Jobs, registry: Registry) -> FastJSON:
     listed = []
     for n in names:
         info = infos.get(n)
-        entry: dict[str, object] = {"name": n, "target": settings.served_models[n].target}
+        entry: dict[str, object] = {"name": n, "ready": bool(workers.get(n))}
+        if detail:
+            entry["target"] = settings.served_models[n].target
         if info is not None:
             entry |= {
                 "inputs": list(info.inputs),
@@ -42,7 +46,9 @@ async def models(settings: Config, jobs: Jobs, registry: Registry) -> FastJSON:
                 "parameters": info.parameters,
                 "max_cost": info.max_cost,
             }
-        entry["workers"] = [{f: w.get(f) for f in _MODEL_WORKER_FIELDS} for w in workers.get(n, [])]
+        if detail:
+            beats = workers.get(n, [])
+            entry["workers"] = [{f: w.get(f) for f in _MODEL_WORKER_FIELDS} for w in beats]
         listed.append(entry)
     body: dict[str, object] = {"default": settings.default_model.name, "models": listed}
     if code != 200:
@@ -50,7 +56,7 @@ async def models(settings: Config, jobs: Jobs, registry: Registry) -> FastJSON:
     return FastJSON(body, status_code=code)
 
 
-@router.get("/metrics", include_in_schema=False)
+@admin.get("/metrics", include_in_schema=False)
 async def metrics(settings: Config, jobs: Jobs, m: Metrics) -> Response:
     """The API's registry in Prometheus text; queue depths are read from Redis first."""
     m.requests_waiting.set(jobs.notifier.waiting)

@@ -22,13 +22,16 @@ They use the prelude tables of `inferq.shared.lua`: `F` (job fields), `S` (statu
 
 from __future__ import annotations
 
-# KEYS: job, stream, item counter, byte counter[, idempotency].
-# ARGV: id, items, max_queue, idem_ttl_s, bytes, max_bytes, fields...
+# KEYS: job, stream, item counter, byte counter, tenant item counter, tenant byte counter
+# [, idempotency]. ARGV: id, items, max_queue, idem_ttl_s, bytes, max_bytes, tenant max items,
+# tenant max bytes (0, 0: the tenant's counters are not kept), fields...
 # Returns {status, value}: ok → entry id; dup → existing job id; full → items queued;
-# full_bytes → bytes queued.
+# full_bytes → bytes queued; tenant_full → the tenant's items; tenant_bytes → its bytes.
+# A job counted against its tenant's counters is marked (F.quota), so FINISH takes back
+# exactly what SUBMIT added, whatever the settings are by then.
 SUBMIT = """
-if #KEYS == 5 then
-  local prior = redis.call('GET', KEYS[5])
+if #KEYS == 7 then
+  local prior = redis.call('GET', KEYS[7])
   if prior then return {'dup', prior} end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', ARGV[1]} end
@@ -36,12 +39,28 @@ local depth = tonumber(redis.call('GET', KEYS[3]) or '0')
 if depth + tonumber(ARGV[2]) > tonumber(ARGV[3]) then return {'full', tostring(depth)} end
 local held = tonumber(redis.call('GET', KEYS[4]) or '0')
 if held > 0 and held + tonumber(ARGV[5]) > tonumber(ARGV[6]) then return {'full_bytes', tostring(held)} end
-redis.call('HSET', KEYS[1], unpack(ARGV, 7))
+local quota = tonumber(ARGV[7]) > 0
+if quota then
+  local mine = tonumber(redis.call('GET', KEYS[5]) or '0')
+  if mine > 0 and mine + tonumber(ARGV[2]) > tonumber(ARGV[7]) then
+    return {'tenant_full', tostring(mine)}
+  end
+  local mine_bytes = tonumber(redis.call('GET', KEYS[6]) or '0')
+  if mine_bytes > 0 and mine_bytes + tonumber(ARGV[5]) > tonumber(ARGV[8]) then
+    return {'tenant_bytes', tostring(mine_bytes)}
+  end
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 9))
 local eid = redis.call('XADD', KEYS[2], '*', ENTRY_JOB, ARGV[1])
 redis.call('HSET', KEYS[1], F.entry, cmsgpack.pack(eid))
 redis.call('INCRBY', KEYS[3], ARGV[2])
 redis.call('INCRBY', KEYS[4], ARGV[5])
-if #KEYS == 5 then redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[4]) end
+if quota then
+  redis.call('INCRBY', KEYS[5], ARGV[2])
+  redis.call('INCRBY', KEYS[6], ARGV[5])
+  redis.call('HSET', KEYS[1], F.quota, cmsgpack.pack(true))
+end
+if #KEYS == 7 then redis.call('SET', KEYS[7], ARGV[1], 'EX', ARGV[4]) end
 return {'ok', eid}
 """
 
@@ -98,14 +117,17 @@ return out
 
 # Final outcomes for a batch of jobs in one call (a script call costs Redis far more than
 # the writes inside it). KEYS: item counter, byte counter, dead-letter stream, webhook stream,
-# cache index, cache sizes, cache bytes, then `ns` job streams, then job 1, job 2, ...
-# ARGV: ttl_s, only_if_queued (0|1), now_ms, group, ns, then per stream: m, m entry ids to
-# XACK + XDEL; then per job: channel, dead (0|1), 2n, n field/value pairs.
+# cache index, cache sizes, cache bytes, then `ns` job streams, then per job: the job, its
+# tenant's item counter, byte counter and webhook counter.
+# ARGV: ttl_s, only_if_queued (0|1), now_ms, group, keep_inputs (0|1), ns, then per stream:
+# m, m entry ids to XACK + XDEL; then per job: channel, dead (0|1), 2n, n field/value pairs.
 # Returns per job: 1 written, 0 already final, 2 not queued (only_if_queued), -1 no such job.
-# A job written final that asked for a webhook gets its delivery entry in the same step, and
+# A job written final that asked for a webhook gets its delivery entry in the same step,
+# carrying the final record (the delivery needs nothing else, however late it runs), and
 # a succeeded job that asked for caching stores its outputs (bounded: see `keys`), so neither
 # can be lost between the final write and a later call. The acks ride in the same script:
 # one round trip, atomic, and no MULTI (whose script pre-check costs another trip).
+# Inputs are dropped from the record unless keep_inputs: a finished job holds its outcome.
 # The completion message carries the final record (inputs left out) when it is small, so
 # a waiting API answers without reading it back; otherwise it says 'final'.
 FINISH = """
@@ -137,8 +159,14 @@ local function cache_put(spec, value)
     held = tonumber(redis.call('GET', KEYS[7]) or '0')
   end
 end
-local ns = tonumber(ARGV[5])
-local a = 6
+local function release(key, counter, field)
+  local n = redis.call('HGET', key, field)
+  if n then
+    if redis.call('DECRBY', counter, cmsgpack.unpack(n)) < 0 then redis.call('SET', counter, 0) end
+  end
+end
+local ns = tonumber(ARGV[6])
+local a = 7
 for j = 8, 7 + ns do
   local m = tonumber(ARGV[a])
   if m > 0 then
@@ -148,7 +176,7 @@ for j = 8, 7 + ns do
   a = a + m + 1
 end
 local out = {}
-for i = 8 + ns, #KEYS do
+for i = 8 + ns, #KEYS, 4 do
   local key, channel, dead, n = KEYS[i], ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
   local first, last = a + 3, a + 2 + n
   a = last + 1
@@ -163,18 +191,16 @@ for i = 8 + ns, #KEYS do
   else
     redis.call('HSET', key, unpack(ARGV, first, last))
     redis.call('EXPIRE', key, ARGV[1])
-    for c, field in ipairs({F.items, F.bytes}) do
-      local n = redis.call('HGET', key, field)
-      if n then
-        if redis.call('DECRBY', KEYS[c], cmsgpack.unpack(n)) < 0 then redis.call('SET', KEYS[c], 0) end
-      end
+    release(key, KEYS[1], F.items)
+    release(key, KEYS[2], F.bytes)
+    if redis.call('HEXISTS', key, F.quota) == 1 then
+      release(key, KEYS[i + 1], F.items)
+      release(key, KEYS[i + 2], F.bytes)
     end
+    if ARGV[5] ~= '1' then redis.call('HDEL', key, F.inputs) end
     local id = cmsgpack.unpack(redis.call('HGET', key, F.id))
     if dead == '1' then
       redis.call('XADD', KEYS[3], '*', ENTRY_JOB, id)
-    end
-    if redis.call('HEXISTS', key, F.webhook) == 1 then
-      redis.call('XADD', KEYS[4], '*', ENTRY_JOB, id)
     end
     local spec = redis.call('HGET', key, F.cache)
     if spec and cmsgpack.unpack(redis.call('HGET', key, F.status)) == S.succeeded then
@@ -189,27 +215,41 @@ for i = 8 + ns, #KEYS do
         size = size + #flat[j + 1]
       end
     end
-    redis.call('PUBLISH', channel, size <= PUBLISH_MAX and cmsgpack.pack(rec) or 'final')
+    local packed = cmsgpack.pack(rec)
+    if redis.call('HEXISTS', key, F.webhook) == 1 then
+      redis.call('XADD', KEYS[4], '*', D.job, id, D.record, packed)
+      redis.call('INCR', KEYS[i + 3])
+    end
+    redis.call('PUBLISH', channel, size <= PUBLISH_MAX and packed or 'final')
     out[#out + 1] = 1
   end
 end
 return out
 """
 
-# KEYS: job, webhook stream[, idempotency]. ARGV: id, ttl_s, idem_ttl_s, fields...
+# KEYS: job, webhook stream, the tenant's webhook counter[, idempotency].
+# ARGV: id, ttl_s, idem_ttl_s, fields... (inputs already left out unless kept)
 # Returns {status, value}: ok → ''; dup → the existing job id (same rules as SUBMIT).
 CACHED = """
-if #KEYS == 3 then
-  local prior = redis.call('GET', KEYS[3])
+if #KEYS == 4 then
+  local prior = redis.call('GET', KEYS[4])
   if prior then return {'dup', prior} end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', ARGV[1]} end
 redis.call('HSET', KEYS[1], unpack(ARGV, 4))
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 if redis.call('HEXISTS', KEYS[1], F.webhook) == 1 then
-  redis.call('XADD', KEYS[2], '*', ENTRY_JOB, ARGV[1])
+  local flat, rec = redis.call('HGETALL', KEYS[1]), {}
+  for j = 1, #flat, 2 do
+    if flat[j] ~= F.inputs then
+      rec[#rec + 1] = flat[j]
+      rec[#rec + 1] = flat[j + 1]
+    end
+  end
+  redis.call('XADD', KEYS[2], '*', D.job, ARGV[1], D.record, cmsgpack.pack(rec))
+  redis.call('INCR', KEYS[3])
 end
-if #KEYS == 3 then redis.call('SET', KEYS[3], ARGV[1], 'EX', ARGV[3]) end
+if #KEYS == 4 then redis.call('SET', KEYS[4], ARGV[1], 'EX', ARGV[3]) end
 return {'ok', ''}
 """
 

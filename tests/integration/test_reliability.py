@@ -186,7 +186,9 @@ def test_queue_position_and_eta(stack: Stack) -> None:
 
 
 def test_auth_and_tenant_isolation(stack: Stack) -> None:
-    base = stack.api(api_keys="alpha:key-alpha-123,beta:key-beta-456")
+    base = stack.api(
+        api_keys="alpha:key-alpha-123,beta:key-beta-456", admin_keys="ops:key-ops-789"
+    )
     assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
     assert _post(base, {"input": "x"}).status_code == 401
     bad = _post(base, {"input": "x"}, headers={"Authorization": "Bearer wrong"})
@@ -197,12 +199,23 @@ def test_auth_and_tenant_isolation(stack: Stack) -> None:
     assert httpx.get(f"{base}/v1/jobs/{job['id']}", headers=alpha, timeout=5).status_code == 200
     assert httpx.get(f"{base}/v1/jobs/{job['id']}", headers=beta, timeout=5).status_code == 404
     assert httpx.delete(f"{base}/v1/jobs/{job['id']}", headers=beta, timeout=5).status_code == 404
+    ops = {"Authorization": "Bearer key-ops-789"}
     for path in ("/v1/health", "/v1/models", "/metrics"):
         assert httpx.get(f"{base}{path}", timeout=5).status_code == 401, path
-        assert httpx.get(f"{base}{path}", headers=beta, timeout=5).status_code in (200, 503), path
+        assert httpx.get(f"{base}{path}", headers=ops, timeout=5).status_code in (200, 503), path
+    # The operator's routes are not a tenant's: 403 names the admin key it would need.
+    for path in ("/v1/health", "/metrics"):
+        r = httpx.get(f"{base}{path}", headers=beta, timeout=5)
+        assert r.status_code == 403 and "INFERQ_ADMIN_KEYS" in r.json()["error"]["message"], path
+    # A tenant sees the models, not the workers' hosts and PIDs; the operator sees both.
+    mine = httpx.get(f"{base}/v1/models", headers=beta, timeout=5).json()["models"]
+    assert all("workers" not in m and "target" not in m for m in mine)
+    theirs = httpx.get(f"{base}/v1/models", headers=ops, timeout=5).json()["models"]
+    assert all("workers" in m and "target" in m for m in theirs)
     assert httpx.get(f"{base}/openapi.json", timeout=5).status_code == 404
     assert httpx.get(f"{base}/readyz", timeout=5).status_code in (200, 503)
     assert "key-alpha-123" not in stack.logs() and "key-beta-456" not in stack.logs()
+    assert "key-ops-789" not in stack.logs()
 
 
 def test_redis_outage_gives_503_and_recovers(stack: Stack, redis_server) -> None:  # type: ignore[no-untyped-def]

@@ -20,6 +20,9 @@ PACKAGES = {"api": "inferq.api", "worker": "inferq.worker", "shared": "inferq.sh
 # A soft limit: a module past it most likely holds two responsibilities (split by role, not
 # to get under a number; `# fmt: skip` is no way under it either, see below).
 SOFT_MAX_LINES = 500
+# Declarations, one entry per thing declared: they grow with what they declare, and one
+# file each is the point (settings declared once; configuration.md is generated from it).
+DECLARATIONS = {"inferq.shared.settings"}
 
 
 def _modules() -> dict[str, Path]:
@@ -66,6 +69,8 @@ def _third_party(name: str) -> set[str]:
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_modules_are_sized_by_responsibility(name: str) -> None:
+    if name in DECLARATIONS:
+        return
     lines = len(MODULES[name].read_text().splitlines())
     assert lines <= SOFT_MAX_LINES, (
         f"{name} has {lines} lines (> {SOFT_MAX_LINES}): does it hold two responsibilities?"

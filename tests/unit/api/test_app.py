@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+
 import fakeredis
 import pytest
 from fastapi.testclient import TestClient
@@ -64,3 +66,27 @@ def test_readyz_without_workers_is_503(client) -> None:  # type: ignore[no-untyp
     assert r.status_code == 503 and r.json()["unserved_models"] == ["echo"]
     assert c.get("/healthz").json() == {"status": "ok"}
     assert "/v1/jobs" in c.get("/openapi.json").json()["paths"]
+
+
+def test_refused_model_names_never_become_metric_labels(make_app: MakeApp) -> None:
+    """A client's model string is not a label value: 100 refusals with unique 100 KB names
+    leave /metrics small, with none of them in it, and no error echoes one whole."""
+    c = make_app().client
+    names = [f"m{i}-" + secrets.token_hex(50_000) for i in range(100)]
+    for name in names:
+        r = c.post("/v1/jobs", json={"input": "x", "model": name})
+        assert r.status_code == 404 and len(r.text) < 1_000
+    text = c.get("/metrics").text
+    assert len(text) < 1_000_000
+    assert not any(name[:40] in text for name in names)
+    assert 'inferq_jobs_rejected_total{model="unknown",reason="model_not_found"} 100.0' in text
+
+
+def test_a_json_body_past_the_value_budget_is_refused_before_parsing(make_app: MakeApp) -> None:
+    c = make_app(max_json_values=1000).client
+    data = [[0.5] * 50] * 50  # 2,500 values as nested lists
+    tensor = {"tensor": {"dtype": "float32", "shape": [50, 50], "data": data}}
+    r = c.post("/v1/jobs", json={"input": tensor})
+    assert r.status_code == 413 and "INFERQ_MAX_JSON_VALUES=1000" in r.json()["error"]["message"]
+    r = c.post("/v1/embeddings", json={"input": ["a, b"] * 600})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "input_rejected"

@@ -25,6 +25,8 @@ API = {
     "inferq_webhook_attempt_seconds": ("histogram", set()),
     "inferq_batches_finished": ("counter", {"status"}),
     "inferq_batch_lines": ("counter", {"result"}),
+    "inferq_redis_memory_ratio": ("gauge", set()),
+    "inferq_background_errors": ("counter", {"loop"}),
 }
 WORKER = {
     "inferq_jobs_finished": ("counter", {"model", "status"}),
@@ -50,6 +52,8 @@ API_EXPOSED = frozenset(
         "inferq_webhook_attempt_seconds",
         "inferq_batches_finished_total",
         "inferq_batch_lines_total",
+        "inferq_redis_memory_ratio",
+        "inferq_background_errors_total",
     }
 )
 WORKER_EXPOSED = frozenset({
@@ -77,6 +81,8 @@ def _observe_everything() -> tuple[CollectorRegistry, CollectorRegistry]:
     a.webhook_attempt_seconds.observe(0.03)
     a.batches_finished.labels(status="completed").inc()
     a.batch_lines.labels(result="succeeded").inc(3)
+    a.redis_memory_ratio.set(0.5)
+    a.background_errors.labels(loop="batch_leases").inc()
     w.jobs_finished.labels(model="echo", status="succeeded").inc()
     w.job_queue_seconds.labels(model="echo").observe(0.01)
     w.job_latency_seconds.labels(model="echo").observe(0.02)

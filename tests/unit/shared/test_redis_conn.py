@@ -17,7 +17,7 @@ from inferq.shared.redis_conn import (
     SentinelRedis,
     api_client,
     pubsub_client,
-    refused_inside_script,
+    is_refusal,
     sentinel_addresses,
     unavailable,
     worker_client,
@@ -30,10 +30,14 @@ OOM_62 = (
 
 
 def test_a_refusal_inside_a_script_on_redis_6_is_recognised() -> None:
-    assert refused_inside_script(ResponseError(OOM_62))
-    assert refused_inside_script(ResponseError("Error running script: -READONLY You can't write"))
-    assert not refused_inside_script(ResponseError("Error running script: attempt to index nil"))
-    assert not refused_inside_script(ResponseError("WRONGTYPE Operation against a key"))
+    assert is_refusal(ResponseError(OOM_62))
+    assert is_refusal(ResponseError("Error running script: -READONLY You can't write"))
+    assert not is_refusal(ResponseError("Error running script: attempt to index nil"))
+    assert not is_refusal(ResponseError("WRONGTYPE Operation against a key"))
+    # Refusals redis-py leaves untyped, outside scripts: retry later, not a bug (503).
+    assert is_refusal(ResponseError("NOREPLICAS Not enough good replicas to write."))
+    assert is_refusal(ResponseError("MISCONF Redis is configured to save RDB snapshots"))
+    assert not is_refusal(ResponseError("ERR unknown command 'NOPE'"))
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,79 @@
+"""Whether Redis has room for new work: its memory against the high-water mark.
+
+Redis runs with `maxmemory` and `noeviction` (it refuses writes when full rather than drop
+a job); the API refuses new work a little before that, at `INFERQ_REDIS_MEMORY_HIGH_WATER`
+of maxmemory, with 503 + Retry-After, so that what was accepted can still be finished,
+published and acknowledged. `INFO memory` is read at most every `ttl_s` per process; a
+Redis without maxmemory is never full here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from inferq.shared.errors import RedisFull
+from inferq.shared.metrics import ApiMetrics
+from inferq.shared.redis_conn import unavailable
+
+log = logging.getLogger("inferq.api")
+
+TTL_S = 1.0  # INFO memory at most this often per process
+RETRY_AFTER_S = 5  # what a refused client is told: the workers drain in the meantime
+
+
+def memory_ratio(info: Mapping[str, Any]) -> float:
+    """used_memory / maxmemory of one INFO memory reply, or of the fullest node of a cluster's
+    (a reply per node); 0 without a maxmemory."""
+    if "used_memory" not in info:  # a cluster client: {node: reply}
+        return max((memory_ratio(v) for v in info.values() if isinstance(v, Mapping)), default=0)
+    maxmemory = int(info.get("maxmemory", 0) or 0)
+    return int(info["used_memory"]) / maxmemory if maxmemory > 0 else 0.0
+
+
+class RedisMemory:
+    def __init__(
+        self,
+        redis: Redis,
+        high_water: float,
+        metrics: ApiMetrics | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.redis = redis
+        self.high_water = high_water
+        self.metrics = metrics
+        self.clock = clock
+        self.ratio = 0.0
+        self._read_at = float("-inf")
+
+    @unavailable
+    async def _read(self) -> float:
+        try:
+            return memory_ratio(await self.redis.info("memory"))
+        except ResponseError as e:  # INFO denied (a managed Redis's ACL) or not served
+            log.warning("cannot read Redis memory (%s): the high-water mark is off", e)
+            self.high_water = float("inf")
+            return 0.0
+
+    async def check(self) -> None:
+        """Raise `RedisFull` (503) while Redis is past the high-water mark."""
+        if self.high_water == float("inf"):
+            return
+        now = self.clock()
+        if now - self._read_at >= TTL_S:
+            self.ratio = await self._read()
+            self._read_at = now
+            if self.metrics is not None:
+                self.metrics.redis_memory_ratio.set(self.ratio)
+        if self.ratio >= self.high_water:
+            raise RedisFull(
+                "Redis memory is past INFERQ_REDIS_MEMORY_HIGH_WATER: new work is refused "
+                "until the queue drains",
+                RETRY_AFTER_S,
+            )
