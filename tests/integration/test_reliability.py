@@ -186,9 +186,7 @@ def test_queue_position_and_eta(stack: Stack) -> None:
 
 
 def test_auth_and_tenant_isolation(stack: Stack) -> None:
-    base = stack.api(
-        api_keys="alpha:key-alpha-123,beta:key-beta-456", admin_keys="ops:key-ops-789"
-    )
+    base = stack.api(api_keys="alpha:key-alpha-123,beta:key-beta-456", admin_keys="ops:key-ops-789")
     assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
     assert _post(base, {"input": "x"}).status_code == 401
     bad = _post(base, {"input": "x"}, headers={"Authorization": "Bearer wrong"})
