@@ -78,6 +78,26 @@ class LocalCluster:
 
         wait_for(ok, timeout_s, "the cluster to report ok")
 
+    def wait_synced(self, timeout_s: float = 30.0) -> None:
+        """Every live replica's link to its master is up: only then can it take over (a
+        replica that never synced does not stand for election)."""
+
+        def synced() -> bool:
+            for n in self.nodes:
+                if not n.running:
+                    continue
+                try:
+                    info = redis.Redis(host=n.host, port=n.port, socket_timeout=1).info(
+                        "replication"
+                    )
+                except redis.RedisError:
+                    return False
+                if info["role"] == "slave" and info.get("master_link_status") != "up":
+                    return False
+            return True
+
+        wait_for(synced, timeout_s, "every replica's link to its master")
+
     def wait_promoted(self, dead: RedisServer, key: str, timeout_s: float = 30.0) -> None:
         """A live node other than `dead` is the master of `key`'s slot, as the others see it."""
         slot = key_slot(key.encode())

@@ -23,7 +23,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 from urllib.parse import urlsplit
 
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
@@ -232,16 +232,37 @@ def _via_sentinels(
     return client
 
 
+def cluster_seeds(url: str) -> tuple[str, list[tuple[str, int]]]:
+    """A cluster URL naming several nodes, `redis[s]://[user:pass@]h1:p1,h2:p2,.../db`, as
+    (the URL of its first node, every node). One node: ([url], [that node])."""
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    nodes: list[tuple[str, int]] = []
+    for entry in hosts.split(","):
+        host, colon, port = entry.strip().rpartition(":")
+        if not colon or not port.isdigit():
+            raise ValueError(f"cluster node {entry!r} is not host:port")
+        nodes.append((host.strip("[]"), int(port)))
+    first = f"{userinfo}{at}{hosts.split(',')[0].strip()}"
+    return parts._replace(netloc=first).geturl(), nodes
+
+
 def _cluster(url: str, policy: dict[str, Any]) -> Redis:
-    """A Redis Cluster client from one node's URL; `policy` as for a plain client."""
+    """A Redis Cluster client from a URL naming one node or several (`cluster_seeds`): it
+    starts from whichever answers, so a dead first node does not stop a start; `policy` as
+    for a plain client."""
     node = {
         k: v
         for k, v in policy.items()
         if k in ("socket_timeout", "socket_connect_timeout", "max_connections", "retry")
     }
+    first, seeds = cluster_seeds(url)
+    others = [ClusterNode(host, port) for host, port in seeds[1:]]
     # A failed-over master answers nothing for a few seconds; the client reloads the slot map
     # between attempts, so a few tries ride out a failover without failing a request.
-    client = RedisCluster.from_url(url, cluster_error_retry_attempts=3, **node, **_tls_kwargs(url))
+    client = RedisCluster.from_url(
+        first, startup_nodes=others, cluster_error_retry_attempts=3, **node, **_tls_kwargs(url)
+    )
     return cast(Redis, client)  # the commands inferq uses exist on both
 
 

@@ -51,7 +51,9 @@ class Settings(BaseSettings):
     # --- shared ---
     redis_url: SecretStr = Field(
         SecretStr("redis://127.0.0.1:6379/0"),
-        description="Redis URL (redis://, rediss:// for TLS, unix://). Secret: it may carry a password.",
+        description="Redis URL (redis://, rediss:// for TLS, unix://). Secret: it may carry a "
+        "password. On a Redis Cluster it may name several nodes, redis://h1:p1,h2:p2,h3:p3: "
+        "a process starts from whichever answers.",
     )
     model: str = Field(
         "minilm",
@@ -137,8 +139,9 @@ class Settings(BaseSettings):
     )
     redis_cluster: bool = Field(
         False,
-        description="INFERQ_REDIS_URL is one node of a Redis Cluster: clients follow the slot map "
-        "and its failovers. Every script's keys share a hash tag (see docs/architecture.md).",
+        description="INFERQ_REDIS_URL names one node of a Redis Cluster, or several (seeds: any "
+        "one that answers will do): clients follow the slot map and its failovers. Every "
+        "script's keys share a hash tag (see docs/architecture.md).",
     )
     stream_shards: int = Field(
         1,
@@ -472,6 +475,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 "INFERQ_REDIS_CLUSTER and INFERQ_REDIS_SENTINELS exclude each other: a cluster "
                 "fails over by itself"
+            )
+        netloc = self.redis_url.get_secret_value().split("://", 1)[-1].split("/", 1)[0]
+        if "," in netloc.rpartition("@")[2] and not self.redis_cluster:
+            raise ValueError(
+                "INFERQ_REDIS_URL names several nodes: that is a Redis Cluster's seed list, "
+                "set INFERQ_REDIS_CLUSTER=true (Sentinel takes INFERQ_REDIS_SENTINELS)"
             )
         if self.read_block_ms / 1000 >= self.heartbeat_ttl_s:
             raise ValueError(

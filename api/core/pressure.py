@@ -23,7 +23,9 @@ from inferq.shared.redis_conn import unavailable
 
 log = logging.getLogger("inferq.api")
 
-TTL_S = 1.0  # INFO memory at most this often per process
+TTL_S = 1.0  # INFO memory at most this often per process, while far from the mark
+NEAR_TTL_S = 0.1  # and this often once within NEAR of it: a burst cannot run past it for long
+NEAR = 0.8  # of the high-water mark
 RETRY_AFTER_S = 5  # what a refused client is told: the workers drain in the meantime
 
 
@@ -66,7 +68,8 @@ class RedisMemory:
         if self.high_water == float("inf"):
             return
         now = self.clock()
-        if now - self._read_at >= TTL_S:
+        ttl_s = NEAR_TTL_S if self.ratio >= NEAR * self.high_water else TTL_S
+        if now - self._read_at >= ttl_s:
             self.ratio = await self._read()
             self._read_at = now
             if self.metrics is not None:

@@ -206,3 +206,33 @@ def test_a_master_killed_under_load_loses_no_acknowledged_job(
         load.stop.set()
         for t in threads:
             t.join(10)
+
+
+def test_a_fresh_start_reaches_a_cluster_whose_first_named_node_is_dead(
+    cstack: Stack, local_cluster: LocalCluster
+) -> None:
+    """INFERQ_REDIS_URL as a seed list: with its first node SIGKILLed and its replica
+    promoted, a worker and an API started afterwards, with the same setting, reach the
+    cluster through the other seeds, and 200 jobs all complete."""
+    stream = keys.stream("echo", shard=0, shards=SHARDS)
+    victim = local_cluster.master_of(stream)
+    others = [n for n in local_cluster.nodes if n is not victim]
+    seeds = "redis://" + ",".join(f"{n.host}:{n.port}" for n in [victim, *others])
+    local_cluster.wait_synced()
+    victim.kill()
+    try:
+        local_cluster.wait_promoted(victim, stream)
+        common: dict[str, Any] = {"stream_shards": SHARDS, "redis_url": seeds}
+        cstack.worker(**common)
+        base = cstack.api(**common)
+        texts = [f"seeded {i}" for i in range(200)]
+        replies = asyncio.run(_submit(base, [{"input": t} for t in texts]))
+        assert [r.status_code for r in replies] == [202] * 200, [r.text for r in replies[:3]]
+        with httpx.Client(base_url=base, timeout=30) as c:
+            for r, text in zip(replies, texts, strict=True):
+                view = c.get(f"/v1/jobs/{r.json()['id']}", params={"wait": 20}).json()
+                assert view["status"] == "succeeded", view
+                assert view["outputs"] == [expected_vector(text)]
+    finally:
+        victim.start()
+        local_cluster.wait_ok(30)

@@ -16,12 +16,14 @@ from inferq.shared.redis_conn import (
     FollowingSSLConnection,
     SentinelRedis,
     api_client,
+    cluster_seeds,
     is_refusal,
     pubsub_client,
     sentinel_addresses,
     unavailable,
     worker_client,
 )
+from inferq.shared.settings import Settings
 
 OOM_62 = (
     "Error running script (call to f_1b2c): @user_script:12: @user_script: 12: "
@@ -177,3 +179,16 @@ async def test_every_reconnect_asks_the_sentinels(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(RedisConnectionError):
         await conn.connect()
     assert dialled and set(dialled) == {("new-master", 6380)}
+
+
+def test_a_cluster_url_may_name_several_seed_nodes() -> None:
+    first, seeds = cluster_seeds("rediss://u:s3cret@10.0.0.1:7000,10.0.0.2:7001,[::1]:7002/0")
+    assert first == "rediss://u:s3cret@10.0.0.1:7000/0"  # credentials, TLS and db kept
+    assert seeds == [("10.0.0.1", 7000), ("10.0.0.2", 7001), ("::1", 7002)]
+    assert cluster_seeds("redis://h:6379") == ("redis://h:6379", [("h", 6379)])
+    with pytest.raises(ValueError, match="not host:port"):
+        cluster_seeds("redis://a:1,b")
+    # Several nodes are a cluster's seeds only: elsewhere the setting refuses to start.
+    with pytest.raises(ValueError, match="INFERQ_REDIS_CLUSTER=true"):
+        Settings(redis_url="redis://a:1,b:2")
+    assert Settings(redis_url="redis://a:1,b:2", redis_cluster=True).redis_cluster
