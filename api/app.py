@@ -44,6 +44,7 @@ from inferq.api.routes import (
     status,
 )
 from inferq.api.routes.deps import authenticate, require_admin
+from inferq.api.routes.fast import FastPath
 from inferq.api.webhooks.contract import check_settings as check_webhook_settings
 from inferq.api.webhooks.dispatcher import Dispatcher
 from inferq.shared.metrics import api_metrics
@@ -178,9 +179,12 @@ def _mount(app: FastAPI, settings: Settings) -> None:
     app.include_router(embeddings.router)
     app.include_router(files.router, dependencies=authed)
     app.include_router(batches.router, dependencies=authed)
-    app.include_router(observability.router, dependencies=authed)
+    app.include_router(observability.router)  # its route checks the key (`deps.Viewer`)
     app.include_router(observability.admin, dependencies=admin)
     app.include_router(status.router)
+    # The hot JSON routes skip the router and dependency solving (`routes.fast`); added
+    # first, so the body limit below wraps it too.
+    app.add_middleware(FastPath)
     # INFERQ_MAX_BODY_BYTES, but INFERQ_MAX_BATCH_FILE_BYTES for file uploads.
     app.add_middleware(
         UploadLimit,

@@ -1,12 +1,15 @@
-"""Where the CPU goes in the inferq stack under a closed loop: per process, per request.
+"""The CPU budget per request: what each process of a stack burns per answered request.
 
-Starts Redis (AOF) + one worker + one API the way `inferq bench` does, runs N closed-loop
-clients on /v1/infer for D seconds with the bench's load generator, and prints items/s,
-latency, each process's CPU (from /proc/<pid>/stat; the load generator from getrusage)
-and the worker's own batch lines (run time, items per batch).
+Starts each system the way `inferq bench` does (inferq: Redis with AOF + one worker + one
+API; the floors: a FastAPI echo handler, alone or with one Redis round trip), warms it up,
+runs N closed-loop clients for D seconds with the bench's load generator, and reads each
+process's CPU from /proc/<pid>/stat (the load generator's from getrusage) around the
+window. CPU per request is far steadier on a noisy machine than latency: it is the figure
+to drive down (docs/benchmarks.md, "The CPU budget per request").
 
-Run: .venv/bin/python scripts/stack_cpu.py [--clients 32] [--seconds 10] [--corpus short]
-     [--env KEY=VALUE ...]   (--corpus images: efficientnet-lite0, multipart uploads)
+Run: .venv/bin/python scripts/stack_cpu.py [--systems inferq,floor-redis,floor-fastapi]
+     [--corpus echo,short] [--clients 1,32] [--seconds 8] [--repeat 3] [--env KEY=VALUE ...]
+The floors serve the echo corpus only. Prints one Markdown table (medians of --repeat).
 """
 
 from __future__ import annotations
@@ -14,17 +17,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import resource
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from inferq.bench import inputs, load, systems
 from inferq.bench.stats import percentile
 
-_RUN = re.compile(r"batch items=(\d+) tokens=\d+/\d+ run_ms=([\d.]+)")
+PROCESSES = ("api", "worker", "redis", "load generator")
+WARMUP_S = 1.5
 
 
 def cpu_s(pid: int) -> float:
@@ -37,52 +42,103 @@ def self_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+@dataclass
+class Point:
+    """One window: requests/s, p50 ms, CPU µs per request by process."""
+
+    rps: float
+    p50_ms: float
+    cpu_us: dict[str, float]
+
+    @property
+    def total_us(self) -> float:
+        return sum(self.cpu_us.values())
+
+
+def _pids(run: systems.Running) -> dict[str, int]:
+    """The processes of a started system, by role (the floors' handler is their 'api')."""
+    pids: dict[str, int] = {}
+    if run.worker is not None:
+        pids["worker"] = run.worker.pid
+    pids["api"] = next(p.pid for p in run.procs if p is not run.worker)
+    if run.redis_server is not None and run.redis_server.pid is not None:
+        pids["redis"] = run.redis_server.pid
+    return pids
+
+
+def measure(run: systems.Running, ready: inputs.Inputs, clients: int, seconds: float) -> Point:
+    asyncio.run(load.closed_loop(run.target, ready.bodies, ready.costs, clients, WARMUP_S))
+    pids = _pids(run)
+
+    def snapshot() -> dict[str, float]:
+        return {k: cpu_s(v) for k, v in pids.items()} | {"load generator": self_cpu_s()}
+
+    before = snapshot()
+    res = asyncio.run(load.closed_loop(run.target, ready.bodies, ready.costs, clients, seconds))
+    after = snapshot()
+    n = max(1, len(res.latencies_ms))
+    cpu = {k: 1e6 * (after[k] - before[k]) / n for k in before}
+    return Point(len(res.latencies_ms) / seconds, percentile(res.latencies_ms, 50), cpu)
+
+
+def start(system: str, log_dir: Path, model: str, env: dict[str, str]) -> systems.Running:
+    if system == "inferq":
+        return systems.inferq(log_dir, "cpu", "torch", env, model=model)
+    return systems.floor(log_dir, system, env)
+
+
+def median_point(points: list[Point]) -> Point:
+    keys = {k for p in points for k in p.cpu_us}
+
+    def med(f: Callable[[Point], float]) -> float:
+        return statistics.median(f(p) for p in points)
+
+    return Point(
+        med(lambda p: p.rps),
+        med(lambda p: p.p50_ms),
+        {k: med(lambda p, k=k: p.cpu_us.get(k, 0.0)) for k in keys},  # type: ignore[misc]
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--clients", type=int, default=32)
-    p.add_argument("--seconds", type=float, default=10.0)
-    p.add_argument("--corpus", default="short")
+    p.add_argument("--systems", default="inferq,floor-redis,floor-fastapi")
+    p.add_argument("--corpus", default="echo,short")
+    p.add_argument("--clients", default="1,32")
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for the servers")
     args = p.parse_args()
     env = dict(kv.split("=", 1) for kv in args.env)
-    ready = inputs.load(args.corpus)
-    model = ready.model
-    with tempfile.TemporaryDirectory() as d:
-        run = systems.inferq(Path(d), "cpu", "torch", env, model=model)
-        try:
-            worker_log = Path(d) / f"worker-{model}.log"
-            offset = worker_log.stat().st_size
-            pids = {"worker": run.procs[0].pid, "api": run.procs[1].pid}
-            assert run.redis_server is not None and run.redis_server.pid is not None
-            pids["redis"] = run.redis_server.pid
-            before = {k: cpu_s(v) for k, v in pids.items()} | {"load generator": self_cpu_s()}
-            t0 = time.perf_counter()
-            res = asyncio.run(
-                load.closed_loop(run.target, ready.bodies, ready.costs, args.clients, args.seconds)
-            )
-            wall = time.perf_counter() - t0
-            after = {k: cpu_s(v) for k, v in pids.items()} | {"load generator": self_cpu_s()}
-            lines = worker_log.read_text()[offset:]
-        finally:
-            run.close()
-    n = len(res.latencies_ms)
-    print(
-        f"{args.clients} clients, {args.corpus}, {model}: {n / args.seconds:.1f} items/s, "
-        f"p50 {percentile(res.latencies_ms, 50):.1f} ms, "
-        f"p99 {percentile(res.latencies_ms, 99):.1f} ms, errors {res.errors}"
-    )
-    for k in before:
-        used = after[k] - before[k]
-        print(
-            f"  {k:15} {100 * used / wall:5.0f} % of a core, {1000 * used / max(n, 1):6.2f} ms/item"
-        )
-    batches = [(int(i), float(ms)) for i, ms in _RUN.findall(lines)]
-    if batches:
-        print(
-            f"  worker batches: {len(batches)}, items per batch {statistics.mean(b[0] for b in batches):.1f}, "
-            f"run p50 {statistics.median(b[1] for b in batches):.1f} ms, "
-            f"device busy {sum(b[1] for b in batches) / 1000 / wall:.2f} stream-seconds per second"
-        )
+    clients = [int(c) for c in args.clients.split(",")]
+    print("| system | corpus | clients | req/s | p50 ms | " + " | ".join(
+        f"{k} µs/req" for k in PROCESSES
+    ) + " | total µs/req |")
+    print("|---" * (6 + len(PROCESSES)) + "|")
+    for corpus_name in args.corpus.split(","):
+        ready = inputs.load(corpus_name)
+        for system in args.systems.split(","):
+            if system != "inferq" and corpus_name != "echo":
+                continue  # the floors are the echo path's bottom, not embedders
+            runs: dict[int, list[Point]] = {c: [] for c in clients}
+            for _ in range(args.repeat):
+                with tempfile.TemporaryDirectory() as d:
+                    run = start(system, Path(d), ready.model, env)
+                    try:
+                        for c in clients:
+                            runs[c].append(measure(run, ready, c, args.seconds))
+                    finally:
+                        run.close()
+            for c in clients:
+                pt = median_point(runs[c])
+                cells = " | ".join(
+                    f"{pt.cpu_us[k]:.0f}" if k in pt.cpu_us else "–" for k in PROCESSES
+                )
+                print(
+                    f"| {system} | {corpus_name} | {c} | {pt.rps:.0f} | {pt.p50_ms:.2f} | "
+                    f"{cells} | {pt.total_us:.0f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -37,17 +37,21 @@ import base64
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from inferq.api.core.errors import job_failure, request_error, validation_message
+from inferq.api.core.decode import InvalidBody, json_object, number, optional_str
+from inferq.api.core.errors import job_failure, request_error
 from inferq.api.core.inputs import json_values
 from inferq.api.core.service import Submission
 from inferq.shared.errors import Overloaded, RequestError
 from inferq.shared.jobs import Job, Status
 
+_FORMATS = ("float", "base64")
+
 
 class EmbeddingsRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # OpenAI clients may send fields we do not use
+    # extra ignored: OpenAI clients may send fields we do not use; strict as `core.decode`.
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     input: str | list[str] = Field(
         description="Text or texts to embed; token arrays are not supported."
@@ -121,6 +125,36 @@ def _encode(row: np.ndarray, fmt: str) -> np.ndarray | str:
     return row  # orjson writes numpy rows natively
 
 
+def embeddings_body(raw: bytes) -> EmbeddingsRequest:
+    """A `/v1/embeddings` body as `EmbeddingsRequest` would take it (extra fields ignored),
+    built without validation once these checks pass; `InvalidBody` otherwise."""
+    body = json_object(raw)
+    if "input" not in body:
+        raise InvalidBody("input", "Field required")
+    text = body["input"]
+    if not isinstance(text, str) and not (
+        isinstance(text, list) and all(isinstance(t, str) for t in text)
+    ):
+        raise InvalidBody("input", "Input should be a string or a list of strings")
+    fmt = body.get("encoding_format", "float")
+    if fmt not in _FORMATS or not isinstance(fmt, str):
+        raise InvalidBody("encoding_format", "Input should be 'float' or 'base64'")
+    dimensions = body.get("dimensions")
+    if dimensions is not None and (
+        isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions <= 0
+    ):
+        raise InvalidBody("dimensions", "Input should be an integer greater than 0")
+    wait = body.get("wait")
+    return EmbeddingsRequest.model_construct(
+        input=text,
+        model=optional_str(body.get("model"), "model"),
+        encoding_format=fmt,
+        dimensions=dimensions,
+        user=optional_str(body.get("user"), "user"),
+        wait=None if wait is None else number(wait, "wait", ge=0),
+    )
+
+
 def parse_request(raw: bytes, max_values: int | None = None) -> EmbeddingsRequest | Answer:
     """The request in a JSON body, or the 400 (413 past `max_values`, before parsing: see
     `inputs.check_json_budget`) the endpoint answers for it."""
@@ -128,13 +162,11 @@ def parse_request(raw: bytes, max_values: int | None = None) -> EmbeddingsReques
         message = f"the JSON body holds about {n} values, over INFERQ_MAX_JSON_VALUES={max_values}"
         return openai_error_answer(413, message, "invalid_request_error", "input_rejected")
     try:
-        req = EmbeddingsRequest.model_validate_json(raw)
-    except ValidationError as e:
-        first = e.errors()[0]
-        param = ".".join(str(p) for p in first.get("loc", ())) or None
-        message, _ = validation_message(list(e.errors()))  # type: ignore[arg-type]
+        req = embeddings_body(raw)
+    except InvalidBody as e:
+        param = e.detail[0]["loc"]
         return openai_error_answer(
-            400, message, "invalid_request_error", "invalid_request", param=param
+            400, str(e), "invalid_request_error", "invalid_request", param=param
         )
     if not req.texts():
         return openai_error_answer(

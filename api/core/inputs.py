@@ -35,20 +35,22 @@ _MAGIC = {  # leading bytes → format
 }
 
 
+# strict: what the OpenAPI schema says is exactly what is accepted (no "1.5" for a number, no
+# true for an integer), the rule the routes' compiled decoder (`core.decode`) follows too.
 class ImageItem(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     image: str = Field(description="The image file's bytes (JPEG, PNG or WebP), base64.")
 
 
 class TensorSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     dtype: str = Field(description=f"One of {', '.join(sorted(TENSOR_DTYPES))}.")
     shape: list[int] = Field(description="Dimensions, e.g. [3, 224, 224].")
     data: str | list[Any] = Field(description="Little-endian bytes as base64, or nested lists.")
 
 
 class TensorItem(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     tensor: TensorSpec
 
 

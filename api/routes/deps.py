@@ -65,13 +65,15 @@ async def require_admin(request: Request) -> None:
     check_admin(state.admin_keys, state.api_keys, request.headers.get("authorization", ""))
 
 
-async def is_admin(request: Request) -> bool:
-    """Whether the caller may see operator detail (workers' hosts and PIDs)."""
+async def viewer(request: Request) -> bool:
+    """A caller with any valid key (or anyone, on an open API): True if it is an admin's,
+    who may see operator detail (workers' hosts and PIDs); 401 for no valid key at all."""
     try:
         await require_admin(request)
+        return True
     except RequestError:
+        await authenticate(request)  # not an admin: a tenant then, or 401
         return False
-    return True
 
 
 Jobs = Annotated[JobService, Depends(_jobs)]
@@ -83,7 +85,7 @@ Files = Annotated[FileStore, Depends(_files)]
 Batches = Annotated[BatchStore, Depends(_batches)]
 Leases = Annotated[BatchLeases, Depends(_leases)]
 Tenant = Annotated[str, Depends(authenticate)]
-Admin = Annotated[bool, Depends(is_admin)]
+Viewer = Annotated[bool, Depends(viewer)]
 IdempotencyKey = Annotated[
     str | None,
     Header(max_length=256, description="Same key, same tenant, within 24 h: the same job back."),

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from fastapi import APIRouter, Request
 
 from inferq.api.core.embeddings import (
@@ -13,9 +15,11 @@ from inferq.api.core.embeddings import (
     refusal,
     submission,
 )
+from inferq.api.core.service import JobService
 from inferq.api.responses import FastJSON
 from inferq.api.routes.deps import Config, IdempotencyKey, Jobs, Tenant, disconnected
 from inferq.shared.errors import RequestError
+from inferq.shared.settings import Settings
 
 router = APIRouter(prefix="/v1", tags=["embeddings"])
 
@@ -44,13 +48,27 @@ async def create_embeddings(
     idempotency_key: IdempotencyKey = None,
 ) -> FastJSON:
     """OpenAI-compatible embeddings: one vector per input, in input order."""
-    req = parse_request(await request.body(), settings.max_json_values)
+    gone = lambda: disconnected(request)  # noqa: E731 - called only once a job exists
+    return await embeddings_json(
+        jobs, settings, tenant, idempotency_key, await request.body(), gone
+    )
+
+
+async def embeddings_json(
+    jobs: JobService,
+    settings: Settings,
+    tenant: str,
+    key: str | None,
+    raw: bytes,
+    gone: Callable[[], Awaitable[None]],
+) -> FastJSON:
+    """The endpoint once its body is read (the hot path calls this too)."""
+    req = parse_request(raw, settings.max_json_values)
     if isinstance(req, Answer):
         return _send(req)
     try:
-        sub = submission(req, tenant, idempotency_key=idempotency_key)
-        wait_s = jobs.clamp_wait(req.wait, settings.sync_wait_s)
-        job = await jobs.run(sub, wait_s, lambda: disconnected(request))
+        sub = submission(req, tenant, idempotency_key=key)
+        job = await jobs.run(sub, jobs.clamp_wait(req.wait, settings.sync_wait_s), gone)
     except RequestError as e:
         return _send(refusal(e))
     if job is None:

@@ -8,12 +8,14 @@ JSON object) and, for /v1/infer, `wait`.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, Json, ValidationError
 
+from inferq.api.core.decode import job_body
 from inferq.api.core.errors import job_failure
 from inferq.api.core.inputs import check_json_budget
 from inferq.api.core.schemas import (
@@ -106,24 +108,27 @@ async def read_submission(
             parameters=meta.parameters or {},
         )
         return sub, meta.wait
-    schema = InferRequest if infer else SubmitRequest
-    body = await request.body()
-    check_json_budget(body, settings)  # before a parse that would build every value
-    try:
-        req = schema.model_validate_json(body)
-    except ValidationError as e:
-        raise RequestValidationError(e.errors()) from e
+    return json_submission(await request.body(), settings, tenant, key, infer=infer)
+
+
+def json_submission(
+    raw: bytes, settings: Settings, tenant: str, key: str | None, *, infer: bool
+) -> tuple[Submission, float | None]:
+    """A JSON body's submission and its `wait`, decoded by compiled checks (`core.decode`:
+    exactly what `SubmitRequest` / `InferRequest` document)."""
+    check_json_budget(raw, settings)  # before a parse that would build every value
+    req = job_body(raw, infer=infer)
     sub = Submission(
-        items=req.items(),
+        items=req.items,
         model=req.model,
         tenant=tenant,
         priority=req.priority,
         timeout_s=req.timeout_s,
         idempotency_key=key,
         parameters=req.parameters,
-        webhook=req.webhook.url if req.webhook else None,
+        webhook=req.webhook,
     )
-    return sub, getattr(req, "wait", None)
+    return sub, req.wait
 
 
 def _accepted(job: Job) -> FastJSON:
@@ -153,6 +158,8 @@ async def submit_job(
     idempotency_key: IdempotencyKey = None,
 ) -> FastJSON:
     """Queue a job; poll or long-poll `Location` for its result."""
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        return await submit_job_json(jobs, settings, tenant, idempotency_key, await request.body())
     sub, _ = await read_submission(request, settings, tenant, idempotency_key, infer=False)
     return _accepted(await jobs.submit(sub))
 
@@ -169,6 +176,10 @@ async def get_job(
     ),
 ) -> FastJSON:
     """A job's state; with `wait`, answers as soon as it is final or when the wait is over."""
+    return await read_job(jobs, job_id, tenant, wait)
+
+
+async def read_job(jobs: JobService, job_id: str, tenant: str, wait: float) -> FastJSON:
     if wait:
         job = await jobs.wait(job_id, jobs.clamp_wait(wait, 0), tenant)
     else:
@@ -202,9 +213,26 @@ async def infer(
     job if no worker has started it.
     """
     sub, wait = await read_submission(request, settings, tenant, idempotency_key, infer=True)
-    job = await jobs.run(
-        sub, jobs.clamp_wait(wait, settings.sync_wait_s), lambda: disconnected(request)
-    )
+    return await run_job(jobs, settings, sub, wait, lambda: disconnected(request))
+
+
+async def submit_job_json(
+    jobs: JobService, settings: Settings, tenant: str, key: str | None, raw: bytes
+) -> FastJSON:
+    """POST /v1/jobs with a JSON body (the hot path calls this too)."""
+    sub, _ = json_submission(raw, settings, tenant, key, infer=False)
+    return _accepted(await jobs.submit(sub))
+
+
+async def run_job(
+    jobs: JobService,
+    settings: Settings,
+    sub: Submission,
+    wait: float | None,
+    gone: Callable[[], Awaitable[None]],
+) -> FastJSON:
+    """POST /v1/infer once its body is read: submit, wait, answer (the hot path too)."""
+    job = await jobs.run(sub, jobs.clamp_wait(wait, settings.sync_wait_s), gone)
     if job is None:
         return FastJSON({"status": "cancelled"}, status_code=499)
     if not job.status.is_final:

@@ -8,21 +8,21 @@ import logging
 from fastapi import APIRouter, Response
 
 from inferq.api.responses import FastJSON
-from inferq.api.routes.deps import Admin, Config, Jobs, Metrics, Registry
+from inferq.api.routes.deps import Config, Jobs, Metrics, Registry, Viewer
 from inferq.shared.errors import QueueUnavailable
 from inferq.shared.jobs import now_ms
 from inferq.shared.metrics import CONTENT_TYPE_LATEST, render
 
 log = logging.getLogger("inferq.api")
 
-router = APIRouter(tags=["observability"])
+router = APIRouter(tags=["observability"])  # every caller with a key (`Viewer`)
 admin = APIRouter(tags=["observability"])  # the operator's: INFERQ_ADMIN_KEYS (the app adds it)
 
 _MODEL_WORKER_FIELDS = ("id", "host", "device", "backend", "token_ceiling", "calibration")
 
 
 @router.get("/v1/models")
-async def models(settings: Config, jobs: Jobs, registry: Registry, detail: Admin) -> FastJSON:
+async def models(settings: Config, jobs: Jobs, registry: Registry, detail: Viewer) -> FastJSON:
     """Served models: what each takes and gives, whether a worker serves it; for an admin
     also its target and live workers (device, backend, live ceiling, calibration)."""
     names = sorted(settings.served_models)

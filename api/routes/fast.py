@@ -1,0 +1,141 @@
+"""The hot routes without the generic layers: raw ASGI for the requests that carry the load.
+
+`POST /v1/jobs`, `POST /v1/infer`, `POST /v1/embeddings` with a JSON body and `GET
+/v1/jobs/{id}` are answered here, before FastAPI's router, dependency solving and request
+objects: a quiet request spent about as much CPU in those layers as in its own work. What
+they do is the very functions the FastAPI routes call (`jobs.submit_job_json`,
+`jobs.run_job`, `jobs.read_job`, `embeddings.embeddings_json`), so auth, admission,
+idempotency, cancel-on-disconnect, every status and every error body are the same; the
+FastAPI routes stay registered, documented in the OpenAPI schema, and serve everything else
+(multipart uploads, DELETE, anything this does not recognise).
+
+It sits inside the body limit (`middleware.UploadLimit`), which refuses an oversized body
+before it is read here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from urllib.parse import parse_qsl
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from inferq.api.core.auth import tenant_of
+from inferq.api.core.decode import InvalidBody, number
+from inferq.api.core.service import JobService
+from inferq.api.handlers import error_response
+from inferq.api.responses import FastJSON
+from inferq.api.routes import embeddings, jobs
+from inferq.shared.settings import Settings
+
+log = logging.getLogger("inferq.api")
+
+JOB_PREFIX = "/v1/jobs/"
+MAX_IDEMPOTENCY_KEY = 256  # as the FastAPI routes' `IdempotencyKey` header declares
+
+
+def _headers(scope: Scope) -> dict[bytes, bytes]:
+    # The few headers read here; repeated ones take the last, as Starlette's do.
+    return dict(scope["headers"])
+
+
+def _hot(scope: Scope, headers: dict[bytes, bytes]) -> bool:
+    """Whether this request is one the hot path answers."""
+    method, path = scope["method"], scope["path"]
+    if method == "GET":
+        return path.startswith(JOB_PREFIX) and "/" not in path[len(JOB_PREFIX) :]
+    if method != "POST" or path not in ("/v1/jobs", "/v1/infer", "/v1/embeddings"):
+        return False
+    return not headers.get(b"content-type", b"").startswith(b"multipart/form-data")
+
+
+async def _body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client left before sending it all
+            raise ConnectionResetError("client disconnected while sending the body")
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _gone(receive: Receive) -> Callable[[], Awaitable[None]]:
+    async def wait() -> None:
+        while True:
+            message: Message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    return wait
+
+
+def _idempotency_key(headers: dict[bytes, bytes]) -> str | None:
+    raw = headers.get(b"idempotency-key")
+    if raw is None:
+        return None
+    key = raw.decode("latin-1")
+    if len(key) > MAX_IDEMPOTENCY_KEY:
+        raise InvalidBody(
+            "header.idempotency-key", f"String should have at most {MAX_IDEMPOTENCY_KEY} characters"
+        )
+    return key
+
+
+def _wait(scope: Scope) -> float:
+    query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+    if "wait" not in query:
+        return 0.0
+    try:
+        value = float(query["wait"])
+    except ValueError as e:
+        raise InvalidBody("query.wait", "Input should be a valid number") from e
+    return number(value, "query.wait", ge=0)
+
+
+class FastPath:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = _headers(scope)
+        if not _hot(scope, headers):
+            await self.app(scope, receive, send)
+            return
+        try:
+            response = await self._answer(scope, receive, headers)
+        except ConnectionResetError:
+            return  # nobody is left to answer
+        except Exception as e:
+            known = error_response(e, scope["method"], scope["path"])
+            if known is None:
+                log.exception("unhandled error on %s %s", scope["method"], scope["path"])
+                known = FastJSON(
+                    {"error": {"code": "internal", "message": "internal server error"}},
+                    status_code=500,
+                )
+            response = known
+        await response(scope, receive, send)
+
+    async def _answer(
+        self, scope: Scope, receive: Receive, headers: dict[bytes, bytes]
+    ) -> FastJSON:
+        state = scope["app"].state
+        service: JobService = state.jobs
+        settings: Settings = state.settings
+        tenant = tenant_of(state.api_keys, headers.get(b"authorization", b"").decode("latin-1"))
+        path = scope["path"]
+        if scope["method"] == "GET":
+            return await jobs.read_job(service, path[len(JOB_PREFIX) :], tenant, _wait(scope))
+        key = _idempotency_key(headers)
+        raw = await _body(receive)
+        if path == "/v1/jobs":
+            return await jobs.submit_job_json(service, settings, tenant, key, raw)
+        if path == "/v1/infer":
+            sub, wait = jobs.json_submission(raw, settings, tenant, key, infer=True)
+            return await jobs.run_job(service, settings, sub, wait, _gone(receive))
+        return await embeddings.embeddings_json(service, settings, tenant, key, raw, _gone(receive))
