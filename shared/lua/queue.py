@@ -35,31 +35,30 @@ if #KEYS == 7 then
   if prior then return {'dup', prior} end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', ARGV[1]} end
-local depth = tonumber(redis.call('GET', KEYS[3]) or '0')
+local c = redis.call('MGET', KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+local depth, held = tonumber(c[1] or '0'), tonumber(c[2] or '0')
 if depth + tonumber(ARGV[2]) > tonumber(ARGV[3]) then return {'full', tostring(depth)} end
-local held = tonumber(redis.call('GET', KEYS[4]) or '0')
 if held > 0 and held + tonumber(ARGV[5]) > tonumber(ARGV[6]) then return {'full_bytes', tostring(held)} end
 local quota = tonumber(ARGV[7]) > 0
 if quota then
-  local mine = tonumber(redis.call('GET', KEYS[5]) or '0')
+  local mine, mine_bytes = tonumber(c[3] or '0'), tonumber(c[4] or '0')
   if mine > 0 and mine + tonumber(ARGV[2]) > tonumber(ARGV[7]) then
     return {'tenant_full', tostring(mine)}
   end
-  local mine_bytes = tonumber(redis.call('GET', KEYS[6]) or '0')
   if mine_bytes > 0 and mine_bytes + tonumber(ARGV[5]) > tonumber(ARGV[8]) then
     return {'tenant_bytes', tostring(mine_bytes)}
   end
 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 9))
 local eid = redis.call('XADD', KEYS[2], '*', ENTRY_JOB, ARGV[1])
-redis.call('HSET', KEYS[1], F.entry, cmsgpack.pack(eid))
-redis.call('INCRBY', KEYS[3], ARGV[2])
-redis.call('INCRBY', KEYS[4], ARGV[5])
 if quota then
+  redis.call('HSET', KEYS[1], F.entry, cmsgpack.pack(eid), F.quota, cmsgpack.pack(true), unpack(ARGV, 9))
   redis.call('INCRBY', KEYS[5], ARGV[2])
   redis.call('INCRBY', KEYS[6], ARGV[5])
-  redis.call('HSET', KEYS[1], F.quota, cmsgpack.pack(true))
+else
+  redis.call('HSET', KEYS[1], F.entry, cmsgpack.pack(eid), unpack(ARGV, 9))
 end
+redis.call('INCRBY', KEYS[3], ARGV[2])
+redis.call('INCRBY', KEYS[4], ARGV[5])
 if #KEYS == 7 then redis.call('SET', KEYS[7], ARGV[1], 'EX', ARGV[4]) end
 return {'ok', eid}
 """
@@ -73,25 +72,32 @@ CLAIM = """
 local now = cmsgpack.unpack(ARGV[1])
 local out = {}
 for i, key in ipairs(KEYS) do
-  local raw = redis.call('HGET', key, F.status)
-  if not raw then
+  local flat = redis.call('HGETALL', key)
+  if #flat == 0 then
     out[i] = {}
   else
-    if cmsgpack.unpack(raw) == S.queued then
-      redis.call('HSET', key, F.status, cmsgpack.pack(S.running), F.started_ms, ARGV[1])
+    local at = {}
+    for j = 1, #flat, 2 do at[flat[j]] = j + 1 end
+    local status = cmsgpack.unpack(flat[at[F.status]])
+    local changes, counted = {}, 0
+    if status == S.queued then
+      flat[at[F.status]] = cmsgpack.pack(S.running)
+      changes = {F.status, flat[at[F.status]], F.started_ms, ARGV[1]}
+      if at[F.started_ms] then flat[at[F.started_ms]] = ARGV[1] else
+        flat[#flat + 1] = F.started_ms
+        flat[#flat + 1] = ARGV[1]
+      end
     end
-    local flat, counted = redis.call('HGETALL', key), 0
-    if ARGV[2] == '1' and not FINAL[cmsgpack.unpack(raw)] then
-      local f = {}
-      for j = 1, #flat, 2 do f[flat[j]] = flat[j + 1] end
-      local attempts = f[F.attempts] and cmsgpack.unpack(f[F.attempts]) or 0
-      local deadline = f[F.deadline_ms] and cmsgpack.unpack(f[F.deadline_ms]) or 0
-      local items = f[F.items] and cmsgpack.unpack(f[F.items]) or 0
-      if items == 1 and attempts < tonumber(ARGV[3]) and (deadline == 0 or now <= deadline) then
-        redis.call('HSET', key, F.attempts, cmsgpack.pack(attempts + 1))
+    if ARGV[2] == '1' and not FINAL[status] then
+      local function get(f) return at[f] and cmsgpack.unpack(flat[at[f]]) or 0 end
+      local attempts, deadline = get(F.attempts), get(F.deadline_ms)
+      if get(F.items) == 1 and attempts < tonumber(ARGV[3]) and (deadline == 0 or now <= deadline) then
+        changes[#changes + 1] = F.attempts
+        changes[#changes + 1] = cmsgpack.pack(attempts + 1)
         counted = 1
       end
     end
+    if #changes > 0 then redis.call('HSET', key, unpack(changes)) end
     out[i] = {flat, counted}
   end
 end
@@ -159,10 +165,9 @@ local function cache_put(spec, value)
     held = tonumber(redis.call('GET', KEYS[7]) or '0')
   end
 end
-local function release(key, counter, field)
-  local n = redis.call('HGET', key, field)
-  if n then
-    if redis.call('DECRBY', counter, cmsgpack.unpack(n)) < 0 then redis.call('SET', counter, 0) end
+local function release(counter, packed)
+  if packed and redis.call('DECRBY', counter, cmsgpack.unpack(packed)) < 0 then
+    redis.call('SET', counter, 0)
   end
 end
 local ns = tonumber(ARGV[6])
@@ -180,9 +185,9 @@ for i = 8 + ns, #KEYS, 4 do
   local key, channel, dead, n = KEYS[i], ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
   local first, last = a + 3, a + 2 + n
   a = last + 1
-  local raw = redis.call('HGET', key, F.status)
-  local status = raw and cmsgpack.unpack(raw)
-  if not raw then
+  local h = redis.call('HMGET', key, F.status, F.items, F.bytes, F.quota, F.id, F.cache, F.webhook)
+  local status = h[1] and cmsgpack.unpack(h[1])
+  if not h[1] then
     out[#out + 1] = -1
   elseif FINAL[status] then
     out[#out + 1] = 0
@@ -191,36 +196,40 @@ for i = 8 + ns, #KEYS, 4 do
   else
     redis.call('HSET', key, unpack(ARGV, first, last))
     redis.call('EXPIRE', key, ARGV[1])
-    release(key, KEYS[1], F.items)
-    release(key, KEYS[2], F.bytes)
-    if redis.call('HEXISTS', key, F.quota) == 1 then
-      release(key, KEYS[i + 1], F.items)
-      release(key, KEYS[i + 2], F.bytes)
+    release(KEYS[1], h[2])
+    release(KEYS[2], h[3])
+    if h[4] then
+      release(KEYS[i + 1], h[2])
+      release(KEYS[i + 2], h[3])
     end
-    if ARGV[5] ~= '1' then redis.call('HDEL', key, F.inputs) end
-    local id = cmsgpack.unpack(redis.call('HGET', key, F.id))
+    local id = cmsgpack.unpack(h[5])
     if dead == '1' then
       redis.call('XADD', KEYS[3], '*', ENTRY_JOB, id)
     end
-    local spec = redis.call('HGET', key, F.cache)
-    if spec and cmsgpack.unpack(redis.call('HGET', key, F.status)) == S.succeeded then
+    if h[6] and cmsgpack.unpack(redis.call('HGET', key, F.status)) == S.succeeded then
       local outputs = redis.call('HGET', key, F.outputs)
-      if outputs then cache_put(cmsgpack.unpack(spec), outputs) end
+      if outputs then cache_put(cmsgpack.unpack(h[6]), outputs) end
     end
-    local flat, rec, size = redis.call('HGETALL', key), {}, 0
-    for j = 1, #flat, 2 do
-      if flat[j] ~= F.inputs then
-        rec[#rec + 1] = flat[j]
-        rec[#rec + 1] = flat[j + 1]
-        size = size + #flat[j + 1]
+    local flat
+    if ARGV[5] == '1' then  -- inputs kept in the record; never in a message
+      local all = redis.call('HGETALL', key)
+      flat = {}
+      for j = 1, #all, 2 do
+        if all[j] ~= F.inputs then
+          flat[#flat + 1] = all[j]
+          flat[#flat + 1] = all[j + 1]
+        end
       end
+    else
+      redis.call('HDEL', key, F.inputs)
+      flat = redis.call('HGETALL', key)
     end
-    local packed = cmsgpack.pack(rec)
-    if redis.call('HEXISTS', key, F.webhook) == 1 then
+    local packed = cmsgpack.pack(flat)
+    if h[7] then
       redis.call('XADD', KEYS[4], '*', D.job, id, D.record, packed)
       redis.call('INCR', KEYS[i + 3])
     end
-    redis.call('PUBLISH', channel, size <= PUBLISH_MAX and packed or 'final')
+    redis.call('PUBLISH', channel, #packed <= PUBLISH_MAX and packed or 'final')
     out[#out + 1] = 1
   end
 end
