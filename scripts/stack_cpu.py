@@ -20,7 +20,6 @@ import os
 import resource
 import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,9 +110,11 @@ def main() -> None:
     args = p.parse_args()
     env = dict(kv.split("=", 1) for kv in args.env)
     clients = [int(c) for c in args.clients.split(",")]
-    print("| system | corpus | clients | req/s | p50 ms | " + " | ".join(
-        f"{k} µs/req" for k in PROCESSES
-    ) + " | total µs/req |")
+    print(
+        "| system | corpus | clients | req/s | p50 ms | "
+        + " | ".join(f"{k} µs/req" for k in PROCESSES)
+        + " | total µs/req |"
+    )
     print("|---" * (6 + len(PROCESSES)) + "|")
     for corpus_name in args.corpus.split(","):
         ready = inputs.load(corpus_name)
