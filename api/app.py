@@ -42,6 +42,7 @@ from inferq.api.routes import (
     jobs,
     observability,
     status,
+    usage,
 )
 from inferq.api.routes.deps import authenticate, require_admin
 from inferq.api.routes.fast import FastPath
@@ -182,6 +183,7 @@ def _mount(app: FastAPI, settings: Settings) -> None:
     app.include_router(observability.router)  # its route checks the key (`deps.Viewer`)
     app.include_router(observability.admin, dependencies=admin)
     app.include_router(status.router)
+    app.include_router(usage.router)  # its route takes the tenant (`deps.Tenant`)
     # The hot JSON routes skip the router and dependency solving (`routes.fast`); added
     # first, so the body limit below wraps it too.
     app.add_middleware(FastPath)
