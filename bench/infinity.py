@@ -69,8 +69,10 @@ def missing(venv_dir: Path) -> str | None:
     """Why Infinity cannot run from `venv_dir` (a message to skip it with), None if it can."""
     if executable(venv_dir).is_file():
         return None
-    return (f"no Infinity at {executable(venv_dir)}: `make bench-infinity` installs it in its "
-            f"own venv ({VENV_ENV} names another)")  # fmt: skip
+    return (
+        f"no Infinity at {executable(venv_dir)}: `make bench-infinity` installs it in its "
+        f"own venv ({VENV_ENV} names another)"
+    )
 
 
 def model_dir() -> Path:
@@ -86,9 +88,18 @@ def onnx_dir(venv_dir: Path) -> Path:
 
 
 def export_argv(venv_dir: Path, source: Path, target: Path) -> list[str]:
-    return [str(venv_dir / "bin" / "optimum-cli"), "export", "onnx", "--model", str(source),
-            "--task", "feature-extraction", "--library-name", "transformers",
-            str(target)]  # fmt: skip
+    return [
+        str(venv_dir / "bin" / "optimum-cli"),
+        "export",
+        "onnx",
+        "--model",
+        str(source),
+        "--task",
+        "feature-extraction",
+        "--library-name",
+        "transformers",
+        str(target),
+    ]
 
 
 def ensure_onnx(venv_dir: Path, source: Path, log: Path) -> Path:
@@ -103,8 +114,13 @@ def ensure_onnx(venv_dir: Path, source: Path, log: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         with log.open("wb") as fh:
-            done = subprocess.run(export_argv(venv_dir, source, tmp), env=bench_env(**OFFLINE_ENV),
-                                  stdout=fh, stderr=subprocess.STDOUT, timeout=EXPORT_TIMEOUT_S)  # fmt: skip
+            done = subprocess.run(
+                export_argv(venv_dir, source, tmp),
+                env=bench_env(**OFFLINE_ENV),
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                timeout=EXPORT_TIMEOUT_S,
+            )
     except subprocess.TimeoutExpired as e:
         raise BenchError(f"optimum-cli export took over {EXPORT_TIMEOUT_S}s (log: {log})") from e
     if done.returncode != 0 or not (tmp / "model.onnx").is_file():
@@ -162,16 +178,23 @@ def agreement(base: str, device: str, extra: dict[str, str], timeout_s: float = 
     MIN_COSINE."""
     cmd = [sys.executable, "-m", "inferq.bench.infinity", base, device]
     try:
-        done = subprocess.run(cmd, env=bench_env(BENCH_DEVICE=device, **extra),
-                              capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
+        done = subprocess.run(
+            cmd,
+            env=bench_env(BENCH_DEVICE=device, **extra),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     except subprocess.TimeoutExpired as e:
         raise BenchError(f"agreement check took over {timeout_s:.0f}s") from e
     if done.returncode != 0:
         raise BenchError(f"agreement check failed:\n{done.stderr[-3000:]}")
     worst = float(json.loads(done.stdout.strip().splitlines()[-1])["min_cosine"])
     if worst < MIN_COSINE:
-        raise BenchError(f"Infinity's vectors differ from inferq's: cosine {worst:.5f} < "
-                         f"{MIN_COSINE} on {len(PROBE)} sentences")  # fmt: skip
+        raise BenchError(
+            f"Infinity's vectors differ from inferq's: cosine {worst:.5f} < "
+            f"{MIN_COSINE} on {len(PROBE)} sentences"
+        )
     return worst
 
 

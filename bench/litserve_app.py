@@ -37,8 +37,12 @@ def main(port: int) -> None:
         max_batch_size=int(os.environ.get("BENCH_MAX_BATCH_SIZE", "32")),
         batch_timeout=float(os.environ.get("BENCH_BATCH_TIMEOUT_S", "0.005")),
     )
-    server = ls.LitServer(api, accelerator="cuda" if device.startswith("cuda") else "cpu",
-                          devices=1, workers_per_device=1)  # fmt: skip
+    server = ls.LitServer(
+        api,
+        accelerator="cuda" if device.startswith("cuda") else "cpu",
+        devices=1,
+        workers_per_device=1,
+    )
     server.run(host="127.0.0.1", port=port, generate_client_file=False, log_level="warning")
 
 

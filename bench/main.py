@@ -67,8 +67,10 @@ def machine() -> str:
         )
     except (OSError, StopIteration):
         pass
-    return (f"Machine: {os.cpu_count()} cores (`nproc`), {cpu}, {mem_kb / 2**20:.1f} GiB RAM, "
-            f"{platform.system()} {platform.release()}, Python {platform.python_version()}.")  # fmt: skip
+    return (
+        f"Machine: {os.cpu_count()} cores (`nproc`), {cpu}, {mem_kb / 2**20:.1f} GiB RAM, "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}."
+    )
 
 
 def _onnx_ok(backend: str) -> str | None:
@@ -175,8 +177,10 @@ def main(args: BenchOptions, argv: list[str]) -> int:
                 )
             )
     rows = stats.median_rows(runs, ("system", "corpus", "mode", "load"))
-    title = (f"`inferq bench` {' '.join(argv)} — {args.device}, {args.backend}, "
-             f"median of {args.repeat} run(s), {stamp}")  # fmt: skip
+    title = (
+        f"`inferq bench` {' '.join(argv)} — {args.device}, {args.backend}, "
+        f"median of {args.repeat} run(s), {stamp}"
+    )
     result = {
         "stamp": stamp,
         "argv": argv,
@@ -201,8 +205,10 @@ def _report(
     from inferq.bench.corpus import IMAGE_CORPORA
 
     def part(images: bool) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
-        return (tuple(c for c in corpora if (c in IMAGE_CORPORA) == images),
-                [r for r in rows if (r.get("corpus") in IMAGE_CORPORA) == images])  # fmt: skip
+        return (
+            tuple(c for c in corpora if (c in IMAGE_CORPORA) == images),
+            [r for r in rows if (r.get("corpus") in IMAGE_CORPORA) == images],
+        )
 
     sections = [
         (*part(False), title, stem.with_suffix(".png"), "benchmarks.png", _write_docs),

@@ -48,9 +48,13 @@ class Proc:
         # Its own process group: servers that fork or spawn workers (LitServe) are stopped
         # whole, not left running to skew the next measurement.
         self.popen = subprocess.Popen(
-            argv, env=dict(env), stdout=self._log, stderr=subprocess.STDOUT,
-            start_new_session=True, cwd=cwd,
-        )  # fmt: skip
+            argv,
+            env=dict(env),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=cwd,
+        )
 
     @property
     def pid(self) -> int:

@@ -68,31 +68,54 @@ def _text_targets(rows: Sequence[Row], c: str, clients: int, check: Check) -> No
     ceil = _get(rows, "items_per_s", system="ceiling", corpus=c, mode="ceiling-batch")
     lit = _get(rows, "items_per_s", system="litserve", corpus=c, mode="closed", load=clients)
     seed = _get(rows, "items_per_s", system="seed", corpus=c, mode="closed", load=clients)
-    check(f"{c}: inferq ÷ ceiling at {clients} clients (≥ 0.8)", _ratio(iq, ceil),
-          _ratio(iq, ceil) >= 0.8, "{:.2f}")  # fmt: skip
-    check(f"{c}: inferq ÷ LitServe at {clients} clients (> 1)", _ratio(iq, lit),
-          _ratio(iq, lit) > 1, "{:.2f}")  # fmt: skip
+    check(
+        f"{c}: inferq ÷ ceiling at {clients} clients (≥ 0.8)",
+        _ratio(iq, ceil),
+        _ratio(iq, ceil) >= 0.8,
+        "{:.2f}",
+    )
+    check(
+        f"{c}: inferq ÷ LitServe at {clients} clients (> 1)",
+        _ratio(iq, lit),
+        _ratio(iq, lit) > 1,
+        "{:.2f}",
+    )
     for peer in ("infinity", "infinity-optimum"):
         if find(rows, system=peer, corpus=c):
             other = _get(rows, "items_per_s", system=peer, corpus=c, mode="closed", load=clients)
-            check(f"{c}: inferq ÷ {peer} at {clients} clients (report)", _ratio(iq, other), None,
-                  "{:.2f}")  # fmt: skip
+            check(
+                f"{c}: inferq ÷ {peer} at {clients} clients (report)",
+                _ratio(iq, other),
+                None,
+                "{:.2f}",
+            )
     need = 3.0 if c == "short" else None
-    check(f"{c}: inferq ÷ seed at {clients} clients" + (" (> 3)" if need else " (report)"),
-          _ratio(iq, seed), None if need is None else _ratio(iq, seed) > need, "{:.2f}")  # fmt: skip
+    check(
+        f"{c}: inferq ÷ seed at {clients} clients" + (" (> 3)" if need else " (report)"),
+        _ratio(iq, seed),
+        None if need is None else _ratio(iq, seed) > need,
+        "{:.2f}",
+    )
     for q, limit in (("p50", 1.0), ("p99", 3.0)):
         one = _get(rows, f"{q}_ms", system="inferq", corpus=c, mode="closed", load=1)
         model = _get(rows, f"{q}_ms", system="ceiling", corpus=c, mode="ceiling-1")
-        check(f"{c}: queue overhead {q}, ms (≤ {limit:g})", one - model, one - model <= limit,
-              "{:.1f}")  # fmt: skip
+        check(
+            f"{c}: queue overhead {q}, ms (≤ {limit:g})",
+            one - model,
+            one - model <= limit,
+            "{:.1f}",
+        )
     p99 = _get(rows, "p99_ms", system="inferq", corpus=c, mode="open", load="50%")
     run_ms = _get(rows, "run_ms", system="inferq", corpus=c, mode="open", load="50%")
     bound = MAX_WAIT_MS + 2 * run_ms + 5
-    check(f"{c}: p99 at 50% load, ms (≤ {fmt(bound, '{:.1f}')} = wait + 2×batch + 5)", p99,
-          p99 <= bound, "{:.1f}")  # fmt: skip
+    check(
+        f"{c}: p99 at 50% load, ms (≤ {fmt(bound, '{:.1f}')} = wait + 2×batch + 5)",
+        p99,
+        p99 <= bound,
+        "{:.1f}",
+    )
     eff = _get(rows, "padding_eff", system="inferq", corpus=c, mode="closed", load=clients)
-    check(f"{c}: inferq padding efficiency at {clients} clients (≥ 0.8)", eff, eff >= 0.8,
-          "{:.2f}")  # fmt: skip
+    check(f"{c}: inferq padding efficiency at {clients} clients (≥ 0.8)", eff, eff >= 0.8, "{:.2f}")
 
 
 def _image_targets(rows: Sequence[Row], c: str, clients: int, check: Check) -> None:
@@ -101,10 +124,18 @@ def _image_targets(rows: Sequence[Row], c: str, clients: int, check: Check) -> N
     iq = _get(rows, "items_per_s", system="inferq", corpus=c, mode="closed", load=clients)
     ceil = _get(rows, "items_per_s", system="ceiling", corpus=c, mode="ceiling-batch")
     seed = _get(rows, "items_per_s", system="seed", corpus=c, mode="closed", load=clients)
-    check(f"{c}: inferq ÷ seed at {clients} clients (≥ 1.5)", _ratio(iq, seed),
-          _ratio(iq, seed) >= 1.5, "{:.2f}")  # fmt: skip
-    check(f"{c}: inferq ÷ ceiling at {clients} clients (≥ 0.7)", _ratio(iq, ceil),
-          _ratio(iq, ceil) >= 0.7, "{:.2f}")  # fmt: skip
+    check(
+        f"{c}: inferq ÷ seed at {clients} clients (≥ 1.5)",
+        _ratio(iq, seed),
+        _ratio(iq, seed) >= 1.5,
+        "{:.2f}",
+    )
+    check(
+        f"{c}: inferq ÷ ceiling at {clients} clients (≥ 0.7)",
+        _ratio(iq, ceil),
+        _ratio(iq, ceil) >= 0.7,
+        "{:.2f}",
+    )
     for system, who in (("inferq", "inferq worker"), ("seed", "seed process")):
         mem = _get(rows, "peak_mem_mb", system=system, corpus=c, mode="closed", load=clients)
         check(f"{c}: {who} peak MiB (report)", mem, None, "{:.0f}")
@@ -121,9 +152,16 @@ def floor_ratios(rows: Sequence[Row], c: str, floor: str = FLOOR) -> list[Row]:
             continue
         f = floors.get(r["load"], {})
         fp50, fips = f.get("p50_ms", math.nan), f.get("items_per_s", math.nan)
-        out.append({"system": r["system"], "load": r["load"], "p50_ms": r.get("p50_ms"),
-                    "floor_p50_ms": fp50, "p50_ratio": _ratio(r.get("p50_ms", math.nan), fp50),
-                    "items_ratio": _ratio(r.get("items_per_s", math.nan), fips)})  # fmt: skip
+        out.append(
+            {
+                "system": r["system"],
+                "load": r["load"],
+                "p50_ms": r.get("p50_ms"),
+                "floor_p50_ms": fp50,
+                "p50_ratio": _ratio(r.get("p50_ms", math.nan), fp50),
+                "items_ratio": _ratio(r.get("items_per_s", math.nan), fips),
+            }
+        )
     return out
 
 
@@ -167,8 +205,12 @@ def targets(
     for peer in ("infinity", "infinity-optimum"):
         cos = _get(rows, "min_cosine", system=peer)
         if not math.isnan(cos):
-            check(f"{peer}: min cosine against inferq's vectors (≥ {MIN_COSINE})", cos,
-                  cos >= MIN_COSINE, "{:.5f}")  # fmt: skip
+            check(
+                f"{peer}: min cosine against inferq's vectors (≥ {MIN_COSINE})",
+                cos,
+                cos >= MIN_COSINE,
+                "{:.5f}",
+            )
     if all(c in IMAGE_CORPORA for c in corpora) and corpora:
         return out  # an image run has no front-end points
     one = _get(rows, "items_per_s", mode="frontend", load="1 api")

@@ -61,9 +61,10 @@ class Plan:
         return [
             n
             for n in SERVED
-            if n in self.systems and model not in systems.SERVES[n]
+            if n in self.systems
+            and model not in systems.SERVES[n]
             and others & set(systems.SERVES[n])
-        ]  # fmt: skip
+        ]
 
     def idle(self) -> list[str]:
         """Requested servers that serve none of this plan's models (a floor without
@@ -96,8 +97,11 @@ class Runner:
     # --- one point ---
     def _closed(self, target: load.Target, c: str, clients: int) -> load.LoadResult:
         inp = self.inputs[c]
-        return asyncio.run(load.closed_loop(target, inp.bodies, inp.costs, clients,
-                                            self.plan.duration_s, self.plan.warmup_s))  # fmt: skip
+        return asyncio.run(
+            load.closed_loop(
+                target, inp.bodies, inp.costs, clients, self.plan.duration_s, self.plan.warmup_s
+            )
+        )
 
     def _row(
         self, system: str, c: str, mode: str, load_: Any, res: load.LoadResult, run: systems.Running
@@ -109,8 +113,15 @@ class Runner:
         row["run_ms"] = math.nan
         return row
 
-    def _measure(self, run: systems.Running, system: str, c: str, mode: str, load_: Any,
-                 go: Callable[[], load.LoadResult]) -> Row:  # fmt: skip
+    def _measure(
+        self,
+        run: systems.Running,
+        system: str,
+        c: str,
+        mode: str,
+        load_: Any,
+        go: Callable[[], load.LoadResult],
+    ) -> Row:
         mark = run.worker.log_size() if run.worker else 0
         res = go()
         row = self._row(system, c, mode, load_, res, run)
@@ -198,8 +209,16 @@ class Runner:
             texts, tokens = ["hello world"] * 16, [4] * 16
             for n_api in (1, 2):
                 target = replace(run.target, bases=run.target.bases[:n_api])
-                res = asyncio.run(load.closed_loop(target, texts, tokens, FRONTEND_CLIENTS,
-                                                   self.plan.duration_s, self.plan.warmup_s))  # fmt: skip
+                res = asyncio.run(
+                    load.closed_loop(
+                        target,
+                        texts,
+                        tokens,
+                        FRONTEND_CLIENTS,
+                        self.plan.duration_s,
+                        self.plan.warmup_s,
+                    )
+                )
                 row = self._row("inferq-echo", "-", "frontend", f"{n_api} api", res, run)
                 self.rows.append(row)
                 self.tick(f"frontend {n_api} api")

@@ -107,8 +107,13 @@ def litserve(
 def inferq_env(
     url: str, model: str, device: str, backend: str, level: str, extra: dict[str, str]
 ) -> dict[str, str]:
-    env = bench_env(INFERQ_REDIS_URL=url, INFERQ_MODEL=model, INFERQ_DEVICE=device,
-                    INFERQ_BACKEND=backend, INFERQ_LOG_LEVEL=level)  # fmt: skip
+    env = bench_env(
+        INFERQ_REDIS_URL=url,
+        INFERQ_MODEL=model,
+        INFERQ_DEVICE=device,
+        INFERQ_BACKEND=backend,
+        INFERQ_LOG_LEVEL=level,
+    )
     env.update(extra)
     return env
 
@@ -197,8 +202,13 @@ def infinity(log_dir: Path, name: str, device: str, extra: dict[str, str]) -> Ru
         cwd = inf.ensure_onnx(venv, inf.model_dir(), log_dir / f"{name}-export.log")
         model_id = "."
     port = free_port()
-    proc = Proc(name, inf.argv(venv, engine, model_id, port, device), inf.env(extra),
-                log_dir / f"{name}.log", cwd=cwd)  # fmt: skip
+    proc = Proc(
+        name,
+        inf.argv(venv, engine, model_id, port, device),
+        inf.env(extra),
+        log_dir / f"{name}.log",
+        cwd=cwd,
+    )
     base = f"http://127.0.0.1:{port}"
     run = Running(name, Target((base,), "infinity"), proc.pid, [proc])
     try:

@@ -100,9 +100,17 @@ def up(
     explicit_redis = "INFERQ_REDIS_URL" in os.environ
     redis_url = settings.redis_url.get_secret_value() if explicit_redis else None
     code = run_up(
-        host=host, port=port, model=model, data_dir=Path(settings.data_dir), redis_url=redis_url,
-        devices=chosen, workers=workers, apis=apis, model_name=settings.default_model.name,
-    )  # fmt: skip
+        host=host,
+        port=port,
+        model=model,
+        data_dir=Path(settings.data_dir),
+        redis_url=redis_url,
+        devices=chosen,
+        workers=workers,
+        apis=apis,
+        model_name=settings.default_model.name,
+        maxmemory=settings.redis_maxmemory,
+    )
     raise typer.Exit(code)
 
 
@@ -150,17 +158,22 @@ def calibrate(
 ) -> None:
     """Measure memory per cost unit on a device and turn a budget into the batch ceiling."""
     from inferq.shared.logs import setup_logging
-    from inferq.worker.calibrate import CalibrateOptions, format_table
-    from inferq.worker.calibrate import calibrate as run
-    from inferq.worker.calibration import DEFAULT_BUDGET
+    from inferq.worker.calibration.fit import DEFAULT_BUDGET
+    from inferq.worker.calibration.probe import CalibrateOptions, format_table
+    from inferq.worker.calibration.probe import calibrate as run
 
     settings = _settings(model=model, backend=backend, onnx_variant=onnx_variant, device=device)
     setup_logging(settings.log_level, settings.log_format)
     options = CalibrateOptions(
-        budget=budget or settings.memory_budget or DEFAULT_BUDGET, margin=margin,
-        lengths=_ints(lengths), batch_sizes=_ints(batch_sizes), max_tokens=max_tokens,
-        repeats=repeats, time_limit_s=time_limit_s, progress=progress,
-    )  # fmt: skip
+        budget=budget or settings.memory_budget or DEFAULT_BUDGET,
+        margin=margin,
+        lengths=_ints(lengths),
+        batch_sizes=_ints(batch_sizes),
+        max_tokens=max_tokens,
+        repeats=repeats,
+        time_limit_s=time_limit_s,
+        progress=progress,
+    )
     try:
         cal, path = run(settings, options)
     except ValueError as e:
@@ -209,11 +222,19 @@ def bench(
     from inferq.bench.main import main as run
 
     options = BenchOptions(
-        corpus=corpus, concurrency=concurrency, duration=duration, warmup=warmup, device=device,
-        backend=backend, repeat=repeat, systems=systems or ALL_SYSTEMS, env=tuple(env or ()),
-        quick=quick, out=DEFAULT_OUT if out is None else out,
+        corpus=corpus,
+        concurrency=concurrency,
+        duration=duration,
+        warmup=warmup,
+        device=device,
+        backend=backend,
+        repeat=repeat,
+        systems=systems or ALL_SYSTEMS,
+        env=tuple(env or ()),
+        quick=quick,
+        out=DEFAULT_OUT if out is None else out,
         docs=DEFAULT_DOCS if docs is None else docs,
-    )  # fmt: skip
+    )
     raise typer.Exit(run(options, sys.argv[2:]))
 
 

@@ -52,10 +52,19 @@ class LocalCluster:
         for n in self.nodes:
             n.start()
         subprocess.run(
-            [cli, "--cluster", "create", *(f"{n.host}:{n.port}" for n in self.nodes),
-             "--cluster-replicas", str(self.replicas), "--cluster-yes"],
-            check=True, capture_output=True, timeout=60,
-        )  # fmt: skip
+            [
+                cli,
+                "--cluster",
+                "create",
+                *(f"{n.host}:{n.port}" for n in self.nodes),
+                "--cluster-replicas",
+                str(self.replicas),
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         self.wait_ok()
 
     def client(self) -> redis.RedisCluster:

@@ -135,6 +135,7 @@ class RedisServer:
         host: str = "127.0.0.1",
         appendonly: bool = True,
         password: str | None = None,
+        maxmemory: int | None = None,
         extra_args: Sequence[str] = (),
     ) -> None:
         # Absolute, because redis-server chdirs into --dir and would resolve a relative
@@ -145,6 +146,7 @@ class RedisServer:
         self.port: int = port if port is not None else free_port(host)
         self.appendonly = appendonly
         self.password = password
+        self.maxmemory = maxmemory  # bytes; with noeviction, writes past it are refused
         self.extra_args: tuple[str, ...] = tuple(extra_args)
         self.log_path = self.data_dir / "redis.log"
         # Startup errors (bad arguments, config) go to stderr before the logfile is open.
@@ -188,6 +190,8 @@ class RedisServer:
         ]  # fmt: skip
         if self.password is not None:
             args += ["--requirepass", self.password]
+        if self.maxmemory is not None:
+            args += ["--maxmemory", str(self.maxmemory)]
         args += self.extra_args
         return args
 

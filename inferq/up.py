@@ -30,6 +30,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from inferq.redis_server import RedisServer, RedisServerError, free_port
+from inferq.worker.calibration.fit import parse_budget
+from inferq.worker.memory import host_total_bytes
 
 __all__ = ["cuda_devices", "next_backoff_s", "plan_workers", "resolve_devices", "run_up"]
 
@@ -241,9 +243,19 @@ def _listen(host: str, port: int) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=2048)
 
 
-def _start_redis(data_dir: Path) -> RedisServer:
+def redis_maxmemory(text: str, machine_bytes: int | None = None) -> int:
+    """`INFERQ_REDIS_MAXMEMORY` in bytes: bytes with a unit ('2gb') or a share of the
+    machine's memory ('25%', '0.25'); ValueError naming the text otherwise."""
+    total = machine_bytes if machine_bytes is not None else host_total_bytes()
+    try:
+        return parse_budget(text, total)
+    except ValueError as e:
+        raise ValueError(f"INFERQ_REDIS_MAXMEMORY: {e}") from None
+
+
+def _start_redis(data_dir: Path, maxmemory: int) -> RedisServer:
     port = DEFAULT_REDIS_PORT if _port_free("127.0.0.1", DEFAULT_REDIS_PORT) else free_port()
-    server = RedisServer(data_dir / "redis", port=port, appendonly=True)
+    server = RedisServer(data_dir / "redis", port=port, appendonly=True, maxmemory=maxmemory)
     server.start()
     return server
 
@@ -288,17 +300,22 @@ def _print_banner(host: str, port: int, workers: list[_Child], apis: list[_Child
     _say("Ctrl-C to stop")
 
 
-def _redis(data_dir: Path, redis_url: str | None) -> tuple[RedisServer | None, str] | None:
+def _redis(
+    data_dir: Path, redis_url: str | None, maxmemory: int
+) -> tuple[RedisServer | None, str] | None:
     """Our own redis-server (unless given a URL) and the URL to use; None if it failed."""
     if redis_url is not None:
         _say(f"redis:   {_redacted(redis_url)}  (external, not managed here)")
         return None, redis_url
     try:
-        server = _start_redis(Path(data_dir))
+        server = _start_redis(Path(data_dir), maxmemory)
     except RedisServerError as exc:
         _say(f"could not start redis-server: {exc}")
         return None
-    _say(f"redis:   {server.url}  (data in {server.data_dir}, {server.binary})")
+    mib = maxmemory // 2**20
+    _say(
+        f"redis:   {server.url}  (data in {server.data_dir}, {server.binary}, maxmemory {mib} MiB)"
+    )
     return server, server.url
 
 
@@ -320,6 +337,18 @@ def _children(
     return [_Child(n, api_argv, env, pass_fds=(fd,)) for n in names], workers
 
 
+def _supervise(server: RedisServer | None, children: list[_Child], stop: list[int]) -> None:
+    """Restart whatever dies (with backoff) until a stop signal arrives."""
+    redis_state = {"backoff_s": 0.0, "restart_at": 0.0}
+    while not stop:
+        now = time.monotonic()
+        if server is not None:
+            _check_redis(server, now, redis_state)
+        for child in children:
+            child.check(now)
+        time.sleep(POLL_S)
+
+
 def run_up(
     *,
     host: str,
@@ -332,6 +361,7 @@ def run_up(
     workers: int = 1,
     apis: int = 1,
     model_name: str = "",
+    maxmemory: str = "25%",
 ) -> int:
     """Run until SIGINT/SIGTERM; 0 on a clean stop, 1 if something could not start."""
     stop_signals: list[int] = []
@@ -348,31 +378,29 @@ def run_up(
         child_env = dict(os.environ if env is None else env)
         try:
             plan = plan_workers(devices, workers, model_name=model_name or "model", env=child_env)
+            redis_bytes = redis_maxmemory(maxmemory)
             listener = _listen(host, port)
-        except (ValueError, OSError) as exc:  # a bad --devices, or the port is taken
+        except (ValueError, OSError) as exc:  # bad --devices or maxmemory, or the port is taken
             _say(f"cannot start: {exc}")
             return 1
-        if (got := _redis(data_dir, redis_url)) is None:
+        if (got := _redis(data_dir, redis_url, redis_bytes)) is None:
             return 1
         server, child_env["INFERQ_REDIS_URL"] = got
         if model:
             child_env["INFERQ_MODEL"] = model
         api_children, worker_children = _children(
-            plan, apis, env=child_env, model=model, fd=listener.fileno(),
+            plan,
+            apis,
+            env=child_env,
+            model=model,
+            fd=listener.fileno(),
             api_args=["--host", host, "--port", str(port)],
-        )  # fmt: skip
+        )
         for child in [*worker_children, *api_children]:
             child.start()
         _print_banner(host, port, worker_children, api_children)
 
-        redis_state = {"backoff_s": 0.0, "restart_at": 0.0}
-        while not stop_signals:
-            now = time.monotonic()
-            if server is not None:
-                _check_redis(server, now, redis_state)
-            for child in [*worker_children, *api_children]:
-                child.check(now)
-            time.sleep(POLL_S)
+        _supervise(server, [*worker_children, *api_children], stop_signals)
         _say(f"got {signal.Signals(stop_signals[0]).name}; stopping")
         return 0
     finally:

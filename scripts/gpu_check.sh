@@ -62,7 +62,7 @@ burst() {  # $1 = backend
   timeout 150 "$PY" - "$aport" "$wpid" "$BUDGET" "$CLIENTS" "$JOBS" "$INPUTS" <<'PYEOF' || echo "burst $backend failed (rc=$?)"
 import asyncio, subprocess, sys, threading, time
 import httpx
-from inferq.worker.calibrate import fmt_bytes, parse_budget
+from inferq.worker.calibration.fit import fmt_bytes, parse_budget
 
 port, wpid, budget_text = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 clients, jobs, inputs = (int(x) for x in sys.argv[4:7])

@@ -1,6 +1,7 @@
 """The queue client: how jobs enter Redis, get claimed, and become final.
 
-Writes that matter are the Lua scripts of `inferq.shared.scripts` (atomic, retry-safe).
+Writes that matter are the Lua scripts of `inferq.shared.lua.queue` (atomic, retry-safe);
+what the calls take and give (`Entry`, `Final`, `Claimed`, `Submitted`) is `queue_types`.
 Order on the worker is result → notify → XACK (reliability guide #7). Every public method
 turns a Redis failure into `QueueUnavailable` (`inferq.shared.redis_conn.unavailable`).
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
@@ -20,6 +20,10 @@ from redis.exceptions import ResponseError
 from inferq.shared import keys, lua
 from inferq.shared.jobs import Job, decode_job, encode_submit, input_bytes, now_ms, pack_field
 from inferq.shared.lua import queue as scripts
+from inferq.shared.queue_types import Claimed as Claimed
+from inferq.shared.queue_types import Entry as Entry
+from inferq.shared.queue_types import Final as Final
+from inferq.shared.queue_types import Submitted as Submitted
 from inferq.shared.redis_conn import as_str, unavailable
 from inferq.shared.replicas import call_and_wait
 from inferq.shared.schema import ENTRY_JOB, JobField
@@ -37,49 +41,6 @@ _FINISH_SHARD_KEYS = (
     keys.cache_sizes,
     keys.cache_bytes,
 )
-
-
-@dataclass(slots=True)
-class Entry:
-    """One stream entry as read by a worker."""
-
-    stream: str
-    entry_id: str
-    job_id: str
-
-
-@dataclass(slots=True)
-class Final:
-    """A final outcome to write for one job, with the stream entry to ack after it."""
-
-    model: str
-    stream: str
-    entry_id: str
-    job_id: str
-    fields: dict[str, bytes]
-    dead_letter: bool = False
-    tenant: str = ""  # whose counters the job holds (SUBMIT marked it): FINISH frees them
-
-
-@dataclass(slots=True)
-class Claimed:
-    """A job as `claim` read it, and whether the claim also counted its device start."""
-
-    job: Job
-    started: bool = False
-
-
-@dataclass(slots=True)
-class Submitted:
-    """What `submit` did: `created`, or `duplicate` of `job_id`, or refused: `full` (items
-    queued = `depth`), `full_bytes` (bytes queued), `tenant_full` (the tenant's items) or
-    `tenant_bytes` (the tenant's bytes)."""
-
-    outcome: str
-    job_id: str = ""
-    entry_id: str = ""
-    depth: int = 0
-    replicas: int | None = None  # replicas that acknowledged it (WAIT), when asked for
 
 
 def shard_of(job_id: str) -> int:

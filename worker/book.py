@@ -17,11 +17,11 @@ import numpy as np
 
 from inferq.shared.jobs import ErrorCode, JobError, Status, encode_final, plain
 from inferq.shared.queue import Final
-from inferq.worker.batcher import Item
 from inferq.worker.clock import Clock
 from inferq.worker.outbox import Outbox
-from inferq.worker.scheduler import Scheduler, work
-from inferq.worker.state import JobState
+from inferq.worker.policy.batcher import Item
+from inferq.worker.policy.scheduler import Scheduler
+from inferq.worker.state import JobState, work
 from inferq.worker.stats import Stats
 from inferq.worker.telemetry import Telemetry
 
@@ -85,17 +85,26 @@ class Book:
         self.stats.on_job(final, error)
         end = self.clock.now_ms()
         fields = encode_final(
-            final, finished_ms=end, outputs=job_outputs(state.outputs) if error is None else None,
-            error=error, batch_size=state.batch_size, batch_tokens=state.batch_tokens,
+            final,
+            finished_ms=end,
+            outputs=job_outputs(state.outputs) if error is None else None,
+            error=error,
+            batch_size=state.batch_size,
+            batch_tokens=state.batch_tokens,
             worker=self.worker,
-        )  # fmt: skip
+        )
         self.telemetry.on_final(state.job, final, end)
         if error is not None and error.code != ErrorCode.EXPIRED:
             log.warning("job %s %s: %s %s", state.job.id, final, error.code, error.message)
         e = state.entry
         self.outbox.post(
             Final(
-                self.model_name, e.stream, e.entry_id, state.job.id, fields, state.dead_letter,
+                self.model_name,
+                e.stream,
+                e.entry_id,
+                state.job.id,
+                fields,
+                state.dead_letter,
                 tenant=state.job.tenant,
             )
         )
@@ -124,10 +133,6 @@ class Book:
             self.scheduler.drop(s)
             self.jobs.pop(s.job.id, None)
         return lost
-
-    def unstarted(self) -> list[JobState]:
-        """Held jobs none of whose items was handed to a batch: they can go back as they are."""
-        return [s for s in self.jobs.values() if s.started_items == 0 and not s.done]
 
     def release(self, states: Sequence[JobState]) -> None:
         """`states` were handed back to the queue: this worker holds them no more."""
@@ -165,9 +170,13 @@ class Book:
         self.stats.on_batch(len(items), padded)
         oldest = self.scheduler.oldest_arrival()
         self.telemetry.on_batch(
-            len(items), padded, self.scheduler.ceiling.value, run_s, self.held_items(),
+            len(items),
+            padded,
+            self.scheduler.ceiling.value,
+            run_s,
+            self.held_items(),
             0.0 if oldest is None else self.clock.monotonic() - oldest,
-        )  # fmt: skip
+        )
         for out, it in zip(outputs, items, strict=True):
             w = work(it)
             state = w.state

@@ -23,9 +23,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from inferq.shared.jobs import ErrorCode, JobError
-from inferq.worker.batcher import Item
 from inferq.worker.models.base import Model, ModelError, is_oom
-from inferq.worker.scheduler import Scheduler, padded_cost, work
+from inferq.worker.policy.batcher import Item
+from inferq.worker.policy.scheduler import Scheduler, padded_cost
+from inferq.worker.state import work
 
 log = logging.getLogger("inferq.worker")
 
@@ -103,16 +104,19 @@ class Executor:
             elif len(items) == 1:
                 log.warning(
                     "job %s failed: model error on item %d: %r",
-                    work(items[0]).state.job.id, work(items[0]).index, e,
-                )  # fmt: skip
+                    work(items[0]).state.job.id,
+                    work(items[0]).index,
+                    e,
+                )
                 sink.on_failure(
                     items[0], JobError(ErrorCode.MODEL_ERROR, f"{type(e).__name__}: {e}")
                 )
             else:
                 log.info(
                     "batch of %d failed (%s); splitting to isolate the bad item",
-                    len(items), type(e).__name__,
-                )  # fmt: skip
+                    len(items),
+                    type(e).__name__,
+                )
                 await self._split(items, sink)
             return
         run_s = time.perf_counter() - t0
@@ -131,8 +135,12 @@ class Executor:
         before, after = self.scheduler.on_oom(padded)
         log.warning(
             "out of memory at items=%d cost=%d (%s); live ceiling %d -> %d",
-            len(items), padded, e, before, after,
-        )  # fmt: skip
+            len(items),
+            padded,
+            e,
+            before,
+            after,
+        )
         sink.on_oom(items, padded, before, after)
         if len(items) == 1:
             message = (

@@ -1,7 +1,7 @@
 """Redis → held jobs: read, take over, claim, admit.
 
 - read: our own pending entries first (delivered before a crash or reconnect, guide #1),
-  then new ones; with a backlog lane by lane (`inferq.worker.lanes`), so priorities decide
+  then new ones; with a backlog lane by lane (`inferq.worker.policy.lanes`), so priorities decide
   who gets into the batcher, else one blocking read over every lane; with several queue
   shards, over every shard (on a Redis Cluster, one read per shard: `shard_reads`);
 - take over: on a schedule, claim the entries of consumers whose heartbeat is gone (with an
@@ -23,13 +23,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferq.shared import keys
 from inferq.shared.jobs import ErrorCode, Job, JobError, Status
 from inferq.shared.queue import Entry, JobQueue
 from inferq.shared.registry import WorkerRegistry
 from inferq.shared.settings import Settings
-from inferq.worker.batcher import Item
 from inferq.worker.clock import Clock
-from inferq.worker.lanes import lane_order
 from inferq.worker.models.base import (
     Input,
     InputKind,
@@ -39,6 +38,8 @@ from inferq.worker.models.base import (
     Prepared,
     Tensor,
 )
+from inferq.worker.policy.batcher import Item
+from inferq.worker.policy.lanes import lane_order
 from inferq.worker.shard_reads import ShardReads
 from inferq.worker.state import JobState, Work
 
@@ -84,7 +85,9 @@ class Intake:
         # Which shards one XREADGROUP may name together: all of them on one Redis; one at a
         # time on a cluster (a read's streams must share a slot).
         n = queue.shards
-        self._groups = [(s,) for s in range(n)] if queue.cluster else [tuple(range(n))]
+        self._groups: list[tuple[int, ...]] = (
+            [(s,) for s in range(n)] if queue.cluster else [tuple(range(n))]
+        )
         self._blocking = ShardReads()
         # One thread: a job's inputs are prepared in order; the model has its own threads.
         self._prepare = ThreadPoolExecutor(1, thread_name_prefix="inferq-prepare")
@@ -121,41 +124,54 @@ class Intake:
             got: list[Entry] = []
             for g in groups:
                 got += await read(
-                    self.model_name, self.consumer, count=count, block_ms=None, pending=True,
+                    self.model_name,
+                    self.consumer,
+                    count=count,
+                    block_ms=None,
+                    pending=True,
                     shards=g,
-                )  # fmt: skip
-            return got
-        got = []
-        if self._backlog:
-            for lane in lane_order(self._reads):
-                for g in groups:
-                    got += await read(
-                        self.model_name, self.consumer, count=count - len(got), block_ms=None,
-                        lanes=(lane,), shards=g,
-                    )  # fmt: skip
-                    if len(got) >= count:
-                        break
-                if len(got) >= count:
-                    break
-            self._reads += 1
-        if not got:
-            # No backlog: a blocking read over every lane answers as soon as anything arrives.
-            block_ms = self.settings.read_block_ms
-            if len(groups) == 1:
-                got = await read(
-                    self.model_name, self.consumer, count=count, block_ms=block_ms, shards=groups[0]
                 )
-            else:
-
-                def one(shard: int) -> Awaitable[list[Entry]]:
-                    return read(
-                        self.model_name, self.consumer, count=count, block_ms=block_ms,
-                        shards=(shard,),
-                    )  # fmt: skip
-
-                got = await self._blocking.next((g[0] for g in groups), one, block_ms / 1000 + 1)
+            return got
+        got = await self._read_backlog(groups, count) if self._backlog else []
+        if not got:
+            got = await self._read_blocking(groups, count)
         self._backlog = len(got) >= count
         return got
+
+    async def _read_backlog(self, groups: list[tuple[int, ...]], count: int) -> list[Entry]:
+        """With a backlog: lane by lane in priority order, without blocking, up to `count`."""
+        got: list[Entry] = []
+        for lane in lane_order(self._reads, keys.LANES):
+            for g in groups:
+                got += await self.queue.read(
+                    self.model_name,
+                    self.consumer,
+                    count=count - len(got),
+                    block_ms=None,
+                    lanes=(lane,),
+                    shards=g,
+                )
+                if len(got) >= count:
+                    break
+            if len(got) >= count:
+                break
+        self._reads += 1
+        return got
+
+    async def _read_blocking(self, groups: list[tuple[int, ...]], count: int) -> list[Entry]:
+        """No backlog: a blocking read over every lane answers as soon as anything arrives."""
+        block_ms = self.settings.read_block_ms
+        if len(groups) == 1:
+            return await self.queue.read(
+                self.model_name, self.consumer, count=count, block_ms=block_ms, shards=groups[0]
+            )
+
+        def one(shard: int) -> Awaitable[list[Entry]]:
+            return self.queue.read(
+                self.model_name, self.consumer, count=count, block_ms=block_ms, shards=(shard,)
+            )
+
+        return await self._blocking.next((g[0] for g in groups), one, block_ms / 1000 + 1)
 
     async def settle(self) -> list[Entry]:
         """At stop: the entries that blocking reads still in flight deliver (to hand back)."""
@@ -170,10 +186,12 @@ class Intake:
         # A dead worker's entries stopped being refreshed when it died; requiring half a
         # heartbeat TTL of idleness keeps two live workers from both claiming them.
         taken = await self.queue.take_over(
-            self.model_name, self.consumer, dead=dead,
+            self.model_name,
+            self.consumer,
+            dead=dead,
             dead_idle_ms=int(self.settings.heartbeat_ttl_s * 500),
             stuck_idle_ms=int(self.settings.visibility_timeout_s * 1000),
-        )  # fmt: skip
+        )
         if taken:
             log.warning(
                 "took over %d entries (dead consumers: %s)", len(taken), ", ".join(dead) or "none"
@@ -209,9 +227,13 @@ class Intake:
                     out.decided.append((JobState(job, entry, 0), result, Status.FAILED))
                     continue
                 state = JobState(
-                    job, entry, remaining=len(result), outputs=[None] * len(result),
-                    counted=started, start_checked=started,
-                )  # fmt: skip
+                    job,
+                    entry,
+                    remaining=len(result),
+                    outputs=[None] * len(result),
+                    counted=started,
+                    start_checked=started,
+                )
                 items = [
                     Item(key=Work(state, i, p.payload), cost=p.cost, arrived=arrived)
                     for i, p in enumerate(result)

@@ -16,8 +16,7 @@ from inferq.shared.logs import setup_logging
 from inferq.shared.metrics import worker_metrics
 from inferq.shared.redis_conn import worker_client
 from inferq.shared.settings import ModelSpec, Settings
-from inferq.worker.calibration import backend_key, load_calibration
-from inferq.worker.calibration import resolve_ceiling as from_calibration
+from inferq.worker.calibration.fit import resolve_ceiling
 from inferq.worker.models.base import Model, probe_inputs
 from inferq.worker.models.registry import build_model
 from inferq.worker.plan import resolve_backend, resolve_device, settle_plan, thread_plan
@@ -53,18 +52,6 @@ def load_model(
     return model
 
 
-def resolve_ceiling(
-    settings: Settings, model: Model, model_name: str, device: str, streams: int = 1
-) -> tuple[int, str, str]:
-    """The token ceiling to start with, why, and the calibration it came from (JSON or "")."""
-    max_cost = model.max_cost or 1
-    ceiling, reason = from_calibration(
-        settings, model_name, device, max_cost, streams, model.default_batch_cost
-    )
-    cal = load_calibration(settings.data_dir, model_name, backend_key(settings), device)
-    return ceiling, reason, cal.to_json() if cal is not None else ""
-
-
 async def serve(
     settings: Settings,
     model: Model,
@@ -82,7 +69,7 @@ async def serve(
         cluster=settings.redis_cluster,
     )
     ceiling, reason, calibration = resolve_ceiling(
-        settings, model, model_name, device, model_threads
+        settings, model_name, device, model.max_cost, model_threads, model.default_batch_cost
     )
     log.info("token ceiling %d: %s", ceiling, reason)
     metrics = worker_metrics()
@@ -91,9 +78,18 @@ async def serve(
         start_http_server(settings.worker_metrics_port, registry=metrics.registry)
         log.info("worker metrics on :%d/metrics", settings.worker_metrics_port)
     worker = Worker(
-        settings, model, model_name, redis, device=device, ceiling=ceiling, ceiling_reason=reason,
-        metrics=metrics, backend=backend, model_threads=model_threads, calibration=calibration,
-    )  # fmt: skip
+        settings,
+        model,
+        model_name,
+        redis,
+        device=device,
+        ceiling=ceiling,
+        ceiling_reason=reason,
+        metrics=metrics,
+        backend=backend,
+        model_threads=model_threads,
+        calibration=calibration,
+    )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)

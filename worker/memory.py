@@ -183,6 +183,9 @@ def maybe_snapshot(
     torch.cuda.memory._dump_snapshot(str(path))
     log.warning(
         "device %s at %.0f%% (>= snapshot_at %.0f%%): memory snapshot written to %s",
-        device, fraction_used * 100, threshold * 100, path,
-    )  # fmt: skip
+        device,
+        fraction_used * 100,
+        threshold * 100,
+        path,
+    )
     return path

@@ -45,6 +45,21 @@ class Outbox:
         """Returns once everything queued so far is written."""
         await self._queue.join()
 
+    async def _post(self, finals: list[Final], stale: list[Entry]) -> None:
+        """Write `finals` (and ack `stale`): retry-safe, so the caller may call it again."""
+        if finals:
+            outcomes = await self.queue.finish(finals)
+            if already := [f.job_id for f, o in zip(finals, outcomes, strict=True) if o == 0]:
+                # A duplicate delivery, or a zombie's late result: the record stays as it was
+                # and nothing is published again.
+                log.info(
+                    "%d results not written: their jobs were already final (%s)",
+                    len(already),
+                    ", ".join(already[:5]),
+                )
+        if stale:
+            await self.queue.ack(stale)
+
     async def run(self) -> None:
         backoff = Backoff()
         while True:
@@ -56,17 +71,7 @@ class Outbox:
             stale = [e for e in batch if isinstance(e, Entry)]
             while True:
                 try:
-                    if finals:
-                        outcomes = await self.queue.finish(finals)
-                        if already := [
-                            f.job_id for f, o in zip(finals, outcomes, strict=True) if o == 0
-                        ]:
-                            # A duplicate delivery, or a zombie's late result: the record
-                            # stays as it was and nothing is published again.
-                            log.info("%d results not written: their jobs were already final (%s)",
-                                     len(already), ", ".join(already[:5]))  # fmt: skip
-                    if stale:
-                        await self.queue.ack(stale)
+                    await self._post(finals, stale)
                     break
                 except QueueUnavailable as e:
                     if self.unavailable_since is None:

@@ -41,17 +41,17 @@ from inferq.shared.queue import JobQueue
 from inferq.shared.registry import ModelInfo, WorkerBeat, WorkerRegistry
 from inferq.shared.retry import Backoff
 from inferq.shared.settings import Settings
-from inferq.worker.batcher import Batch, Item
 from inferq.worker.book import Book
-from inferq.worker.ceiling import LiveCeiling
 from inferq.worker.clock import Clock, SystemClock
 from inferq.worker.executor import Executor
 from inferq.worker.heartbeat import Heartbeat, Snapshot
 from inferq.worker.intake import Admission, Intake
 from inferq.worker.models.base import Model, model_version
 from inferq.worker.outbox import Outbox
-from inferq.worker.scheduler import Scheduler, work
-from inferq.worker.state import JobState
+from inferq.worker.policy.batcher import Batch, Item
+from inferq.worker.policy.ceiling import LiveCeiling
+from inferq.worker.policy.scheduler import Scheduler
+from inferq.worker.state import JobState, work
 from inferq.worker.stats import Stats
 from inferq.worker.telemetry import Telemetry
 
@@ -89,9 +89,11 @@ class Worker:
         top = max(ceiling or settings.max_batch_tokens, max_cost)
         self.scheduler = Scheduler(
             LiveCeiling(top, max_cost, settings.ceiling_recover_after),
-            max_batch_size=settings.max_batch_size, max_wait_s=settings.max_wait_ms / 1000,
-            min_fill=settings.min_padding_efficiency, streams=model_threads,
-        )  # fmt: skip
+            max_batch_size=settings.max_batch_size,
+            max_wait_s=settings.max_wait_ms / 1000,
+            min_fill=settings.min_padding_efficiency,
+            streams=model_threads,
+        )
         self.stats = Stats()
         self.telemetry = Telemetry(settings, model_name, device, metrics)
         self.outbox = Outbox(self.queue)
@@ -105,23 +107,37 @@ class Worker:
             worker=self.consumer,
         )
         self.intake = Intake(
-            self.queue, self.registry, model, settings,
-            model_name=model_name, consumer=self.consumer, clock=self.clock,
-        )  # fmt: skip
+            self.queue,
+            self.registry,
+            model,
+            settings,
+            model_name=model_name,
+            consumer=self.consumer,
+            clock=self.clock,
+        )
         self.executor = Executor(model, self.scheduler, threads=model_threads, device=device)
         self.info = ModelInfo(
-            inputs=tuple(sorted(str(k) for k in model.inputs)), output=str(model.output),
-            parameters=dict(model.parameters), max_cost=model.max_cost,
+            inputs=tuple(sorted(str(k) for k in model.inputs)),
+            output=str(model.output),
+            parameters=dict(model.parameters),
+            max_cost=model.max_cost,
             version=model_version(
-                model, model_name, backend, settings.model_path or "", settings.onnx_variant,
+                model,
+                model_name,
+                backend,
+                settings.model_path or "",
+                settings.onnx_variant,
                 settings.dtype,
             ),
-        )  # fmt: skip
+        )
         self.heartbeat = Heartbeat(
-            self.registry, self.snapshot, period_s=settings.heartbeat_s,
-            ttl_s=settings.heartbeat_ttl_s, stuck_after_s=settings.visibility_timeout_s,
+            self.registry,
+            self.snapshot,
+            period_s=settings.heartbeat_s,
+            ttl_s=settings.heartbeat_ttl_s,
+            stuck_after_s=settings.visibility_timeout_s,
             on_lost=self._on_lost,
-        )  # fmt: skip
+        )
         self.handed_back = 0
         self._on_device: dict[int, tuple[Batch, float]] = {}  # batch → (batch, started at)
         self._running: set[asyncio.Task[None]] = set()
@@ -150,10 +166,14 @@ class Worker:
         await self._until_redis(lambda: self.registry.describe(self.model_name, self.info))
         log.info(
             "worker %s serving model=%s device=%s ceiling=%d (%s) max_batch_size=%d max_wait_ms=%g",
-            self.consumer, self.model_name, self.device, self.scheduler.ceiling.value,
-            self.ceiling_reason or "INFERQ_MAX_BATCH_TOKENS", self.settings.max_batch_size,
+            self.consumer,
+            self.model_name,
+            self.device,
+            self.scheduler.ceiling.value,
+            self.ceiling_reason or "INFERQ_MAX_BATCH_TOKENS",
+            self.settings.max_batch_size,
             self.settings.max_wait_ms,
-        )  # fmt: skip
+        )
         tasks = {
             asyncio.create_task(self.heartbeat.loop(), name="heartbeat"),
             asyncio.create_task(self.outbox.run(), name="publish"),
@@ -183,10 +203,22 @@ class Worker:
             "worker %s stopped after %.1fs: batches=%d items=%d jobs ok=%d failed=%d expired=%d "
             "cancelled=%d poisoned=%d handed_back=%d taken_over=%d lost=%d ooms=%d splits=%d "
             "unposted=%d",
-            self.consumer, time.monotonic() - started, s.batches, s.items, s.jobs_ok,
-            s.jobs_failed, s.jobs_expired, s.jobs_cancelled, s.jobs_poisoned, self.handed_back,
-            self.intake.taken_over, s.lost, s.ooms, s.splits, self.outbox.pending,
-        )  # fmt: skip
+            self.consumer,
+            time.monotonic() - started,
+            s.batches,
+            s.items,
+            s.jobs_ok,
+            s.jobs_failed,
+            s.jobs_expired,
+            s.jobs_cancelled,
+            s.jobs_poisoned,
+            self.handed_back,
+            self.intake.taken_over,
+            s.lost,
+            s.ooms,
+            s.splits,
+            self.outbox.pending,
+        )
         return clean
 
     async def _until_redis(self, call: Callable[[], Awaitable[None]]) -> None:
@@ -252,8 +284,6 @@ class Worker:
             now = self.clock.monotonic()
             nxt = self.scheduler.next(now, len(running))
             if nxt.batch is not None:
-                for it in nxt.batch.items:  # claimed now, so a stop never hands back a job mid-run
-                    work(it).state.started_items += 1
                 running.add(asyncio.create_task(self._run_batch(nxt.batch)))
                 continue
             self._wake.clear()
@@ -323,8 +353,10 @@ class Worker:
             log.error(
                 "drain did not finish within INFERQ_DRAIN_S=%gs: %d batches still on the device, "
                 "%d results unposted (their jobs stay in this worker's pending list)",
-                self.settings.drain_s, len(busy), self.outbox.pending,
-            )  # fmt: skip
+                self.settings.drain_s,
+                len(busy),
+                self.outbox.pending,
+            )
             return False
         return True
 
@@ -360,14 +392,27 @@ class Worker:
         alloc, reserved, total = self.telemetry.memory
         s = self.stats
         beat = WorkerBeat(
-            id=self.consumer, host=socket.gethostname(), pid=os.getpid(), model=self.model_name,
-            backend=self.backend, device=self.device, token_ceiling=self.scheduler.ceiling.value,
-            items_per_s=round(s.items_per_s(), 2), last_batch_size=s.last_batch_size,
-            last_batch_tokens=s.last_batch_tokens, last_batch_at_ms=s.last_batch_at_ms,
-            batches=s.batches, ooms=s.ooms, held_items=self.book.held_items(),
-            beat_ms=self.clock.now_ms(), mem_allocated=alloc, mem_reserved=reserved,
-            mem_total=total, calibration=self.calibration, ceiling_reason=self.ceiling_reason,
-        )  # fmt: skip
+            id=self.consumer,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            model=self.model_name,
+            backend=self.backend,
+            device=self.device,
+            token_ceiling=self.scheduler.ceiling.value,
+            items_per_s=round(s.items_per_s(), 2),
+            last_batch_size=s.last_batch_size,
+            last_batch_tokens=s.last_batch_tokens,
+            last_batch_at_ms=s.last_batch_at_ms,
+            batches=s.batches,
+            ooms=s.ooms,
+            held_items=self.book.held_items(),
+            beat_ms=self.clock.now_ms(),
+            mem_allocated=alloc,
+            mem_reserved=reserved,
+            mem_total=total,
+            calibration=self.calibration,
+            ceiling_reason=self.ceiling_reason,
+        )
         oldest = min((at for _, at in self._on_device.values()), default=None)
         stuck = (
             oldest is not None

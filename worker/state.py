@@ -12,6 +12,7 @@ from typing import Any
 
 from inferq.shared.jobs import Job, JobError, Status
 from inferq.shared.queue import Entry
+from inferq.worker.policy.batcher import Item
 
 
 @dataclass(eq=False, slots=True)
@@ -24,7 +25,6 @@ class JobState:
     final_status: Status | None = None  # set once, when the job is handed to the outbox
     batch_size: int = 0  # the largest batch any of its items ran in
     batch_tokens: int = 0  # the largest padded cost of those batches
-    started_items: int = 0  # items handed to a batch so far (0: the job can be handed back)
     counted: bool = False  # its first device start is counted in `attempts`
     # Its claim also counted that start (Intake.admit, idle): its first batch skips START.
     start_checked: bool = False
@@ -34,6 +34,10 @@ class JobState:
     @property
     def done(self) -> bool:
         return self.final_status is not None or self.lost
+
+    @property
+    def attempts(self) -> int:
+        return self.job.attempts
 
     @property
     def suspect(self) -> bool:
@@ -49,3 +53,8 @@ class Work:
     state: JobState
     index: int  # which input of the job
     payload: Any  # what the model's `prepare` made of it
+
+
+def work(item: Item) -> Work:
+    """The identity an item carries through the batch policy (`Item.key`)."""
+    return item.key  # type: ignore[no-any-return]

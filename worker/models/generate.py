@@ -128,9 +128,13 @@ class Generator(TextModel):
         try:
             with torch.inference_mode():
                 out = model.generate(
-                    input_ids=ids, attention_mask=mask, max_new_tokens=max(budgets),
-                    do_sample=False, num_beams=1, pad_token_id=tok.pad_token_id,
-                )  # fmt: skip
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=max(budgets),
+                    do_sample=False,
+                    num_beams=1,
+                    pad_token_id=tok.pad_token_id,
+                )
         except Exception as e:
             if is_oom(e):
                 raise DeviceOutOfMemory(str(e)) from e

@@ -81,11 +81,14 @@ def export_fp32(model_dir: Path, target: Path) -> None:
     write_atomic(
         target,
         lambda tmp: export_quietly(
-            Pooled().eval(), (ids, torch.ones_like(ids)), tmp, input_names=INPUTS,
+            Pooled().eval(),
+            (ids, torch.ones_like(ids)),
+            tmp,
+            input_names=INPUTS,
             output_names=[OUTPUT],
             dynamic_shapes={"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}},
         ),
-    )  # fmt: skip
+    )
 
 
 def quantize_int8(source: Path, target: Path) -> None:

@@ -86,9 +86,15 @@ def export_quietly(
             lg.setLevel(logging.WARNING)
         try:
             program = torch.onnx.export(
-                module, example, input_names=list(input_names), output_names=list(output_names),
-                dynamic_shapes=dynamic_shapes, dynamo=True, external_data=False, verbose=False,
-            )  # fmt: skip
+                module,
+                example,
+                input_names=list(input_names),
+                output_names=list(output_names),
+                dynamic_shapes=dynamic_shapes,
+                dynamo=True,
+                external_data=False,
+                verbose=False,
+            )
         finally:
             for lg, level in zip(chatty, levels, strict=True):
                 lg.setLevel(level)

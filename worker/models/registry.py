@@ -84,9 +84,11 @@ def _minilm(settings: Settings, threads: int) -> Model:
         from inferq.worker.models.minilm_onnx import MiniLMOnnx
 
         return MiniLMOnnx(
-            settings.model_path, variant=settings.onnx_variant, cache_dir=settings.data_dir / "onnx",
+            settings.model_path,
+            variant=settings.onnx_variant,
+            cache_dir=settings.data_dir / "onnx",
             intra_op_threads=threads,
-        )  # fmt: skip
+        )
     from inferq.worker.models.minilm import MiniLM
 
     return MiniLM(settings.model_path, dtype=settings.dtype, torchscript=settings.torchscript)

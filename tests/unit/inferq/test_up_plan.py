@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from inferq import up
+from inferq.redis_server import RedisServer
 
 
 def test_one_worker_and_no_devices_changes_nothing() -> None:
@@ -66,3 +69,17 @@ def test_auto_model_threads_count_as_one_per_worker() -> None:
     assert all(
         o["INFERQ_MODEL_THREADS"] == "1" and o["INFERQ_INTRA_OP_THREADS"] == "2" for _, o in plan
     )
+
+
+def test_redis_maxmemory_is_bytes_or_a_share_of_the_machine() -> None:
+    gib = 2**30
+    assert up.redis_maxmemory("25%", 16 * gib) == 4 * gib
+    assert up.redis_maxmemory("0.5", 16 * gib) == 8 * gib
+    assert up.redis_maxmemory("2gb", 16 * gib) == 2 * 10**9
+    assert up.redis_maxmemory("512MiB", 16 * gib) == 512 * 2**20
+    with pytest.raises(ValueError, match="INFERQ_REDIS_MAXMEMORY"):
+        up.redis_maxmemory("lots", 16 * gib)
+    server = RedisServer(Path("/tmp/x"), port=1, maxmemory=123)
+    argv = server.command()
+    assert argv[argv.index("--maxmemory") + 1] == "123"
+    assert argv[argv.index("--maxmemory-policy") + 1] == "noeviction"

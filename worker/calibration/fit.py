@@ -1,7 +1,7 @@
 """The memory bound's arithmetic and its file: fit, budget, ceiling, stored calibration.
 
 Pure functions and the JSON file under `<data_dir>/calibration/`; nothing here touches a
-device (probing is `inferq.worker.calibrate`). The worker calls `resolve_ceiling` at start:
+device (probing is `inferq.worker.calibration.probe`). The worker calls `resolve_ceiling` at start:
 
     ceiling (cost units) = margin × (budget − base) / per_unit        (margin 0.9 by default)
 
@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 log = logging.getLogger("inferq.worker")
 
@@ -231,6 +231,15 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+class Ceiling(NamedTuple):
+    """The token ceiling a worker starts with, why, and the calibration it came from (its
+    JSON, or "" without one: the heartbeat shows it)."""
+
+    value: int
+    reason: str
+    calibration: str = ""
+
+
 def resolve_ceiling(
     settings: Any,
     model_name: str,
@@ -238,12 +247,27 @@ def resolve_ceiling(
     max_cost: int | None,
     streams: int = 1,
     default_cost: int | None = None,
-) -> tuple[int, str]:
+) -> Ceiling:
     """The worker's token ceiling and why: explicit setting > calibration + budget > default.
 
     `streams` batches share the budget when they run at once: each gets 1/streams of the
     activation memory (safe for a convex fit: n * f(c/n) <= f(c)).
     """
+    backend = backend_key(settings)
+    cal = load_calibration(settings.data_dir, model_name, backend, device)
+    value, reason = _ceiling(settings, model_name, device, max_cost, streams, default_cost, cal)
+    return Ceiling(value, reason, cal.to_json() if cal is not None else "")
+
+
+def _ceiling(
+    settings: Any,
+    model_name: str,
+    device: str,
+    max_cost: int | None,
+    streams: int,
+    default_cost: int | None,
+    cal: Calibration | None,
+) -> tuple[int, str]:
     floor = max_cost or 1
     raised = f"; raised to max_cost={floor} so one longest item fits"
     if "max_batch_tokens" in settings.model_fields_set:
@@ -253,7 +277,6 @@ def resolve_ceiling(
     # The model's own default bound (e.g. 32 images in pixels) replaces the text default.
     default = default_cost or type(settings).model_fields["max_batch_tokens"].default
     backend = backend_key(settings)
-    cal = load_calibration(settings.data_dir, model_name, backend, device)
 
     def fallback(why: str) -> tuple[int, str]:
         reason = f"default {default}: {why}"

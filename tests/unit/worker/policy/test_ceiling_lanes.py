@@ -4,8 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferq.worker.ceiling import LiveCeiling
-from inferq.worker.lanes import lane_order
+from inferq.shared.schema import LANES
+from inferq.worker.policy.ceiling import LiveCeiling
+from inferq.worker.policy.lanes import lane_order
 
 
 def test_oom_lowers_below_the_failed_size_and_successes_raise_it_back() -> None:
@@ -48,10 +49,14 @@ def test_bad_bounds() -> None:
 
 
 def test_lane_order_prefers_high_but_never_starves() -> None:
-    firsts = [lane_order(i)[0] for i in range(64)]
+    firsts = [lane_order(i, LANES)[0] for i in range(64)]
     assert firsts.count("high") == 48 and firsts.count("normal") == 8 and firsts.count("low") == 8
     for i in range(64):
-        assert sorted(lane_order(i)) == ["high", "low", "normal"]
+        assert sorted(lane_order(i, LANES)) == ["high", "low", "normal"]
     # every window of 8 consecutive reads lets each lane go first at least once
     for start in range(56):
-        assert {lane_order(i)[0] for i in range(start, start + 8)} == {"high", "normal", "low"}
+        assert {lane_order(i, LANES)[0] for i in range(start, start + 8)} == {
+            "high",
+            "normal",
+            "low",
+        }

@@ -7,14 +7,15 @@ once in 8 reads, so a flood of high-priority jobs delays lower lanes but never s
 
 from __future__ import annotations
 
-HIGH_FIRST = ("high", "normal", "low")
-NORMAL_FIRST = ("normal", "high", "low")
-LOW_FIRST = ("low", "high", "normal")
+from collections.abc import Sequence
 
 
-def lane_order(read_no: int) -> tuple[str, str, str]:
+def lane_order(read_no: int, lanes: Sequence[str]) -> tuple[str, ...]:
+    """The lanes to try, in order, for read number `read_no`; `lanes` highest first (the
+    worker passes `inferq.shared.schema.LANES`: the names are defined there, once)."""
+    high, normal, low = lanes
     if read_no % 8 == 7:
-        return LOW_FIRST
+        return (low, high, normal)
     if read_no % 4 == 3:
-        return NORMAL_FIRST
-    return HIGH_FIRST
+        return (normal, high, low)
+    return (high, normal, low)

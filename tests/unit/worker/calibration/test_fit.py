@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from inferq.shared.settings import Settings
-from inferq.worker import calibration as cal
-from inferq.worker.calibration import (
+from inferq.worker.calibration import fit as cal
+from inferq.worker.calibration.fit import (
     Calibration,
     Fit,
     Probe,
@@ -135,33 +135,36 @@ def test_backend_key() -> None:
 def test_resolve_ceiling_reasons(tmp_path: Path) -> None:
     explicit = Settings(data_dir=tmp_path, max_batch_tokens=4096)
     assert resolve_ceiling(explicit, "minilm", "cpu", 256) == (
-        4096, "INFERQ_MAX_BATCH_TOKENS=4096 set explicitly",
-    )  # fmt: skip
-    n, why = resolve_ceiling(Settings(data_dir=tmp_path, max_batch_tokens=100), "m", "cpu", 256)
+        4096,
+        "INFERQ_MAX_BATCH_TOKENS=4096 set explicitly",
+        "",
+    )
+    n, why, _ = resolve_ceiling(Settings(data_dir=tmp_path, max_batch_tokens=100), "m", "cpu", 256)
     assert n == 256 and "raised to max_cost=256" in why
 
     plain = Settings(data_dir=tmp_path)
-    n, why = resolve_ceiling(plain, "minilm", "cpu", 256)
+    n, why, _ = resolve_ceiling(plain, "minilm", "cpu", 256)
     assert n == 8192
     assert why == "default 8192: no calibration for minilm/torch/cpu (run `inferq calibrate`)"
 
     save_calibration(tmp_path, _calibration(device="cpu"))
-    n, why = resolve_ceiling(plain, "minilm", "cpu", 256)  # the calibrated budget: 2 GiB
+    n, why, found = resolve_ceiling(plain, "minilm", "cpu", 256)  # the calibrated budget: 2 GiB
+    assert found and '"device": "cpu"' in found  # the calibration it came from, for the beat
     assert n == int(0.9 * GiB / 4096)
     assert why.startswith(f"calibration {calibration_path(tmp_path, 'minilm', 'torch', 'cpu')}")
     assert "calibrated budget 2.0 GiB" in why and "fit err 3%" in why
 
-    n2, why = resolve_ceiling(plain, "minilm", "cpu", 256, streams=2)  # two batches at once
+    n2, why, _ = resolve_ceiling(plain, "minilm", "cpu", 256, streams=2)  # two batches at once
     assert n2 == n // 2 and why.endswith(f"÷ 2 batches at once → {n2}")
 
     budget = Settings(data_dir=tmp_path, memory_budget="0.25")  # of the recorded 16 GiB
-    n, why = resolve_ceiling(budget, "minilm", "cpu", 256)
+    n, why, _ = resolve_ceiling(budget, "minilm", "cpu", 256)
     assert n == int(0.9 * 3 * GiB / 4096) and "INFERQ_MEMORY_BUDGET=0.25 = 4.0 GiB" in why
 
     tiny = Settings(data_dir=tmp_path, memory_budget="512MiB")
-    n, why = resolve_ceiling(tiny, "minilm", "cpu", 256)
+    n, why, _ = resolve_ceiling(tiny, "minilm", "cpu", 256)
     assert n == 256 and "raised to max_cost=256" in why
 
     save_calibration(tmp_path, _calibration(device="cpu", fit=Fit(GiB, 0.0, 1, 0, 2)))
-    n, why = resolve_ceiling(plain, "minilm", "cpu", 256)
+    n, why, _ = resolve_ceiling(plain, "minilm", "cpu", 256)
     assert n == 8192 and why.startswith("default 8192: calibration") and "did not grow" in why

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 
 from inferq.shared.jobs import ErrorCode, Job, JobError
 from inferq.shared.queue import Entry
-from inferq.worker.batcher import Item
-from inferq.worker.ceiling import LiveCeiling
 from inferq.worker.executor import Executor
 from inferq.worker.models.base import DeviceOutOfMemory
-from inferq.worker.scheduler import Scheduler, padded_cost, work
-from inferq.worker.state import JobState, Work
+from inferq.worker.policy.batcher import Item
+from inferq.worker.policy.ceiling import LiveCeiling
+from inferq.worker.policy.scheduler import Scheduler, padded_cost
+from inferq.worker.state import JobState, Work, work
 
 
 def _state(name: str, n: int, attempts: int = 0) -> JobState:
@@ -75,13 +75,13 @@ def test_drop_forgets_every_pending_item_of_a_job_wherever_it_waits() -> None:
     assert s.pending() == 0 and s.next(0.0, running=0).batch is None
 
 
-def test_waits_for_more_items_only_when_told_to_and_never_when_stopping() -> None:
+def test_waits_for_more_items_only_when_told_to() -> None:
     s = _scheduler(wait=0.05)
     a = _state("a", 2)
     s.add(a, _items(a, [1, 1], at=10.0))
     nxt = s.next(10.0, running=0)
     assert nxt.batch is None and nxt.wake_at == pytest.approx(10.05)
-    assert s.next(10.0, running=0, stopping=True).batch is not None
+    assert s.next(10.05, running=0).batch is not None  # the wait is over
 
 
 @settings(max_examples=200, deadline=None)
@@ -99,7 +99,7 @@ def test_next_never_exceeds_the_bounds(
     a = _state("a", len(costs))
     s.add(a, _items(a, costs))
     seen = 0
-    while (b := s.next(0.0, running=running, stopping=True).batch) is not None:
+    while (b := s.next(1e9, running=running).batch) is not None:  # every wait is over
         assert b.items and len(b.items) <= size
         assert len(b.items) == 1 or padded_cost(b.items) <= ceiling
         seen += len(b.items)

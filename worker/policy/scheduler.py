@@ -1,8 +1,8 @@
 """What runs next on the device: the whole batch policy as one pure object.
 
-It owns the batcher (`inferq.worker.batcher`), the live ceiling (`inferq.worker.ceiling`),
+It owns the batcher (`inferq.worker.policy.batcher`), the live ceiling (`inferq.worker.policy.ceiling`),
 how many batches may run at once and how big a batch beside others may be
-(`inferq.worker.streams`), the solo re-runs of suspect jobs, and how a batch that must not
+(`inferq.worker.policy.concurrency`), the solo re-runs of suspect jobs, and how a batch that must not
 run whole is split. Pure: no I/O and no clock; callers pass `now` (monotonic seconds) and
 how many batches are running.
 
@@ -15,17 +15,33 @@ Invariants of `next`:
 * A suspect job (it was on a device when a worker died) never shares the device: its
   batches start only when nothing runs, nothing else starts while any of its items is
   pending, and of several suspects the one with the fewest attempts goes first.
-* When stopping, every pending item is due at once (no batch wait).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
-from inferq.worker.batcher import Batch, Batcher, Item
-from inferq.worker.ceiling import LiveCeiling
-from inferq.worker.state import JobState, Work
-from inferq.worker.streams import limits, smooth
+from inferq.worker.policy.batcher import Batch, Batcher, Item
+from inferq.worker.policy.ceiling import LiveCeiling
+from inferq.worker.policy.concurrency import limits, smooth
+
+
+class Owner(Protocol):
+    """Whose items these are (a job, to the worker): only compared by identity here, and
+    asked how suspect it is. An item's `key` names its owner as `key.state`."""
+
+    @property
+    def suspect(self) -> bool:
+        """It was on a device when a worker died: its items run alone."""
+
+    @property
+    def attempts(self) -> int:
+        """Device starts that never finished: of several suspects, the fewest go first."""
+
+
+def owner_of(item: Item) -> object:
+    return item.key.state
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +54,6 @@ class Next:
 
 def padded_cost(items: list[Item]) -> int:
     return len(items) * max(it.cost for it in items) if items else 0
-
-
-def work(item: Item) -> Work:
-    return item.key  # type: ignore[no-any-return]
 
 
 class Scheduler:
@@ -61,23 +73,23 @@ class Scheduler:
         self.streams = max(1, streams)
         self.batcher = Batcher(ceiling.value, max_batch_size, max_wait_s, min_fill)
         self.recent_run_s = 0.0  # smoothed batch run time: how long a busy stream waits
-        self._suspects: list[tuple[JobState, list[Item]]] = []  # waiting to run alone
+        self._suspects: list[tuple[Owner, list[Item]]] = []  # waiting to run alone
         self._solo: Batcher | None = None  # the suspect whose batches run now, alone
 
     # --- items in ---
-    def add(self, state: JobState, items: list[Item]) -> None:
+    def add(self, state: Owner, items: list[Item]) -> None:
         if state.suspect:
             self._suspects.append((state, items))
         else:
             for it in items:
                 self.batcher.add(it)
 
-    def drop(self, state: JobState) -> None:
+    def drop(self, state: Owner) -> None:
         """Forget every pending item of `state` (it failed, was cancelled or handed back)."""
-        self.batcher.remove(lambda it: work(it).state is state)
+        self.batcher.remove(lambda it: owner_of(it) is state)
         self._suspects = [(s, items) for s, items in self._suspects if s is not state]
         if self._solo is not None:
-            self._solo.remove(lambda it: work(it).state is state)
+            self._solo.remove(lambda it: owner_of(it) is state)
             if not len(self._solo):
                 self._solo = None
 
@@ -90,7 +102,7 @@ class Scheduler:
         return self.batcher.oldest_arrival()
 
     # --- what runs next ---
-    def next(self, now: float, running: int, *, stopping: bool = False) -> Next:
+    def next(self, now: float, running: int) -> Next:
         if self._solo is not None or self._suspects:
             return self._next_solo(now, running)
         if running >= self.streams:
@@ -102,7 +114,7 @@ class Scheduler:
             lim.max_wait_s,
             self.ceiling.value,
         )
-        batch = b.next_batch(now, force=stopping)
+        batch = b.next_batch(now)
         return Next(batch=batch) if batch is not None else Next(wake_at=b.due_at())
 
     def _next_solo(self, now: float, running: int) -> Next:
@@ -110,7 +122,7 @@ class Scheduler:
             return Next()  # a suspect runs with nothing beside it: wait for the device
         if self._solo is None:
             # Least suspicious first: a job that was on the device at more crashes waits.
-            state, items = min(self._suspects, key=lambda si: si[0].job.attempts)
+            state, items = min(self._suspects, key=lambda si: si[0].attempts)
             self._suspects = [(s, i) for s, i in self._suspects if s is not state]
             self._solo = Batcher(self.ceiling.value, self.max_batch_size, 0.0, self.min_fill)
             for it in items:

@@ -5,8 +5,8 @@ padded size (items × longest item) on the target device, record each one's peak
 and latency, fit `memory ≈ base + per_token × padded_tokens` by least squares, and write
 the result to `<data_dir>/calibration/<model>-<backend>-<device>.json`.
 
-The arithmetic and the file are `inferq.worker.calibration`; the worker reads the file at
-start (`calibration.resolve_ceiling`).
+The arithmetic and the file are `inferq.worker.calibration.fit`; the worker reads the file at
+start (`fit.resolve_ceiling`).
 
 How peak memory is measured, per device:
 - CUDA + torch: `reset_peak_memory_stats` then `max_memory_allocated` around each probe.
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from inferq.shared.settings import Settings
-from inferq.worker.calibration import (
+from inferq.worker.calibration.fit import (
     DEFAULT_BUDGET,
     DEFAULT_MARGIN,
     Calibration,
@@ -150,8 +150,9 @@ def run_probes(
         if time.monotonic() - started + expected_s > time_limit_s:
             log.warning(
                 "calibration time limit %.0fs: skipping probes from %d padded tokens",
-                time_limit_s, padded,
-            )  # fmt: skip
+                time_limit_s,
+                padded,
+            )
             break
         payload, length = payloads[n]
         batch = [payload] * b
@@ -230,10 +231,15 @@ def calibrate(settings: Settings, args: CalibrateOptions) -> tuple[Calibration, 
     lengths, sizes = _GRID[kind]
     lengths = sorted({min(n, max_cost or n) for n in (args.lengths or lengths)})
     probes = run_probes(
-        model, meter, lengths, args.batch_sizes or sizes,
-        repeats=max(1, args.repeats), max_tokens=args.max_tokens or _MAX_TOKENS[kind],
-        time_limit_s=args.time_limit_s, progress=_progress(not args.progress),
-    )  # fmt: skip
+        model,
+        meter,
+        lengths,
+        args.batch_sizes or sizes,
+        repeats=max(1, args.repeats),
+        max_tokens=args.max_tokens or _MAX_TOKENS[kind],
+        time_limit_s=args.time_limit_s,
+        progress=_progress(not args.progress),
+    )
     ok = [p for p in probes if not p.oom and p.peak_bytes is not None]
     fit = fit_memory([(p.padded_tokens, p.peak_bytes or 0) for p in ok])
     total = device_memory(device).total
@@ -244,12 +250,22 @@ def calibrate(settings: Settings, args: CalibrateOptions) -> tuple[Calibration, 
         log.warning("no ceiling: %s", e)
         ceiling = None
     cal = Calibration(
-        model=spec.name, backend=backend, device=device, memory_source=meter.source, fit=fit,
-        margin=args.margin, budget_bytes=budget, ceiling_tokens=ceiling,
+        model=spec.name,
+        backend=backend,
+        device=device,
+        memory_source=meter.source,
+        fit=fit,
+        margin=args.margin,
+        budget_bytes=budget,
+        ceiling_tokens=ceiling,
         knee_tokens=latency_knee([(p.padded_tokens, p.latency_s) for p in ok]),
-        max_cost=max_cost, device_total_bytes=total, load_peak_bytes=load_peak,
-        steady_bytes=steady, probes=probes, created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    )  # fmt: skip
+        max_cost=max_cost,
+        device_total_bytes=total,
+        load_peak_bytes=load_peak,
+        steady_bytes=steady,
+        probes=probes,
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
     return cal, save_calibration(settings.data_dir, cal)
 
 
