@@ -82,7 +82,10 @@ class Worker:
         self.clock = clock or SystemClock()
         self.consumer = settings.consumer_name(device, model_name)
         self.queue = JobQueue(
-            redis, result_ttl_s=settings.result_ttl_s, shards=settings.stream_shards
+            redis,
+            result_ttl_s=settings.result_ttl_s,
+            shards=settings.stream_shards,
+            keep_inputs=settings.keep_inputs,  # FINISH drops a job's inputs unless asked not to
         )
         self.registry = WorkerRegistry(redis)
         max_cost = model.max_cost or 1
