@@ -185,6 +185,23 @@ class FileStore:
         return rec
 
     @unavailable
+    async def usage(self, tenant: str) -> tuple[int, int]:
+        """(files, bytes) the tenant keeps, uploads and batch outputs alike, from its index;
+        entries whose file has expired are dropped from the index on the way."""
+        index = keys.files(tenant)
+        ids = await index_ids(self.redis, index, 0, -1, desc=False)
+        if not ids:
+            return 0, 0
+        async with self.redis.pipeline(transaction=False) as p:
+            for i in ids:
+                p.hget(keys.file(i), FileField.BYTES)
+            sizes = await p.execute()
+        if gone := [i for i, size in zip(ids, sizes, strict=True) if size is None]:
+            await self.redis.zrem(index, *gone)
+        held = [int(size) for size in sizes if size is not None]
+        return len(held), sum(held)
+
+    @unavailable
     async def chunk(self, file_id: str, offset: int) -> bytes:
         data = await self.redis.getrange(
             keys.file_content(file_id), offset, offset + CHUNK_BYTES - 1

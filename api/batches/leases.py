@@ -50,6 +50,25 @@ SCAN_S = 1.0  # how often a process looks for batches nobody holds
 MAX_BATCHES = 4  # batches one process runs at once: each holds its input file in memory
 
 
+def fair_order(batches: list[tuple[str, str]], running: dict[str, int] | None = None) -> list[str]:
+    """Batch ids to try for free slots, fairest first: each next one is the oldest id of the
+    tenant with the fewest batches running here (counting `running`, then those picked
+    before it). A tenant with dozens of 24 h batches gets no more slots than one with a
+    single batch while that one waits. Pure: tested alone."""
+    by_tenant: dict[str, list[str]] = {}
+    for batch_id, tenant in sorted(batches, reverse=True):
+        by_tenant.setdefault(tenant, []).append(batch_id)  # oldest id last: popped first
+    load = {t: (running or {}).get(t, 0) for t in by_tenant}
+    order = []
+    while by_tenant:
+        tenant = min(by_tenant, key=lambda t: (load[t], t))
+        order.append(by_tenant[tenant].pop())
+        load[tenant] += 1
+        if not by_tenant[tenant]:
+            del by_tenant[tenant]
+    return order
+
+
 class BatchLeases:
     """Finds active batches, holds their leases, runs each as a `BatchRun`."""
 
@@ -86,25 +105,37 @@ class BatchLeases:
         if run is not None:
             run.wake.set()
 
+    def _failed(self, loop: str, e: Exception) -> None:
+        """A background loop survived `e`: counted, and logged (a traceback for a bug)."""
+        self.metrics.background_errors.labels(loop=loop).inc()
+        if isinstance(e, QueueUnavailable):
+            log.warning("%s: %s", loop, e)
+        else:
+            log.error("%s failed; backing off", loop, exc_info=e)
+
     async def _scanner(self) -> None:
         delays = Backoff()
         while True:
             try:
                 await self._take()
                 delays.reset()
-            except QueueUnavailable as e:
-                log.warning("batch leases: %s", e)
+            except Exception as e:  # the loop's boundary: any Redis refusal or bug, not death
+                self._failed("batch_leases", e)
                 await asyncio.sleep(delays.next())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._scan.wait(), SCAN_S)
             self._scan.clear()
 
     async def _take(self) -> None:
-        for batch_id in await self.store.active():
+        active = await self.store.active_with_tenants()
+        running: dict[str, int] = {}
+        for batch_id, tenant in active:
+            if batch_id in self._held:
+                running[tenant] = running.get(tenant, 0) + 1
+        waiting = [(b, t) for b, t in active if b not in self._held]
+        for batch_id in fair_order(waiting, running):
             if len(self._held) >= MAX_BATCHES:
                 return
-            if batch_id in self._held:
-                continue
             if await self.store.acquire(batch_id, self.owner, LEASE_MS):
                 self._held[batch_id] = asyncio.create_task(self._hold(batch_id), name=batch_id)
 
@@ -123,7 +154,8 @@ class BatchLeases:
                         log.warning("batch %s: lease lost; another process runs it", batch_id)
                         return
                     renewed = loop.time()
-                except QueueUnavailable:
+                except Exception as e:  # a Redis refusal or a bug: the lease may lapse
+                    self._failed("batch_leases", e)
                     if loop.time() - renewed > LEASE_MS / 1000:
                         return  # it has lapsed: someone else may hold it now
             with contextlib.suppress(asyncio.CancelledError):
@@ -133,7 +165,7 @@ class BatchLeases:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await work
             self._held.pop(batch_id, None)
-            with contextlib.suppress(QueueUnavailable):
+            with contextlib.suppress(Exception):  # it lapses by itself otherwise
                 await self.store.release(batch_id, self.owner)
             self._scan.set()  # there may be more to take now
 
@@ -154,11 +186,8 @@ class BatchLeases:
                 return
             except Gone:
                 return
-            except QueueUnavailable as e:
-                log.warning("batch %s: %s; starting over", batch_id, e)
-                await asyncio.sleep(delays.next())
-            except Exception:  # the task's outer boundary: log it, start over from Redis
-                log.exception("batch %s: runner failed; starting over", batch_id)
+            except Exception as e:  # the task's outer boundary: start over from Redis
+                self._failed("batch_run", e)
                 await asyncio.sleep(delays.next())
             finally:
                 self._runs.pop(batch_id, None)

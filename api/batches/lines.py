@@ -8,12 +8,15 @@ Lines are numbered by their position in the file (1-based, blank lines counted b
 requests), and that number is a line's identity everywhere: results in Redis, job
 idempotency keys, the `id` of its output line.
 
-- The whole file is checked when the batch is created (`check_file`): too many requests →
-  422 naming `INFERQ_MAX_BATCH_LINES`; no request, or two lines with the same `custom_id` →
-  422 (a batch with ambiguous ids is refused, as OpenAI does). Nothing else refuses a batch.
-- One line is checked when the runner reaches it (`envelope`): not JSON, not an object,
-  no string `custom_id`, `method` other than POST, `url` other than the batch's endpoint,
-  `body` not an object → that line alone goes to the error file (`LineError`).
+- The whole file is checked when the batch is created (`check_file`), line by line and
+  lazily (no object per line is built, and the count stops at the limit): too many
+  requests → 422 naming `INFERQ_MAX_BATCH_LINES`; no request, or two lines with the same
+  `custom_id` → 422 (a batch with ambiguous ids is refused, as OpenAI does). A line over the
+  JSON value budget (`INFERQ_MAX_JSON_VALUES`) is never parsed. Nothing else refuses a batch.
+- One line is checked when the runner reaches it (`envelope`): over the value budget, not
+  JSON, not an object, no string `custom_id`, `method` other than POST, `url` other than
+  the batch's endpoint, `body` not an object → that line alone goes to the error file
+  (`LineError`).
 - The body is then read exactly as the endpoint reads a request body (`Endpoint.parse`),
   submitted as the endpoint submits it, and answered as the endpoint answers: a batch line
   records the very status and body the endpoint would have sent.
@@ -27,7 +30,8 @@ batch) or the endpoint's 4xx answer otherwise.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,6 +41,7 @@ from pydantic import ValidationError
 from inferq.api.core import embeddings
 from inferq.api.core.embeddings import Answer
 from inferq.api.core.errors import job_failure, request_error, validation_message
+from inferq.api.core.inputs import json_values
 from inferq.api.core.schemas import InferRequest
 from inferq.api.core.service import Submission
 from inferq.api.core.views import error_body, job_view
@@ -68,9 +73,24 @@ class Envelope:
     body: bytes  # the body as JSON, parsed by the endpoint exactly as an HTTP body
 
 
+_NONEMPTY = re.compile(rb"[^\n]+")
+
+
+def iter_lines(content: bytes) -> Iterator[Line]:
+    """The file's requests, lazily: every non-blank line, numbered by position. Empty lines
+    are skipped by the regex engine, not one Python step each."""
+    number, at = 1, 0
+    for m in _NONEMPTY.finditer(content):
+        number += content.count(b"\n", at, m.start())
+        at = m.start()
+        raw = m.group()
+        if raw.strip():
+            yield Line(number, raw)
+
+
 def split_lines(content: bytes) -> list[Line]:
-    """The file's requests: every non-blank line, numbered by position."""
-    return [Line(n, raw) for n, raw in enumerate(content.split(b"\n"), start=1) if raw.strip()]
+    """Every request of a file already checked (`check_file` bounds how many there are)."""
+    return list(iter_lines(content))
 
 
 def _custom_id(obj: object) -> str | None:
@@ -78,8 +98,14 @@ def _custom_id(obj: object) -> str | None:
     return cid if isinstance(cid, str) and cid else None
 
 
-def envelope(line: Line, endpoint: str) -> Envelope:
+def envelope(line: Line, endpoint: str, max_values: int | None = None) -> Envelope:
     """The line's custom_id and body; `LineError` naming what is wrong with it."""
+    if max_values is not None and (n := json_values(line.raw)) > max_values:
+        raise LineError(
+            "too_large",
+            f"line {line.number} holds about {n} JSON values, over INFERQ_MAX_JSON_VALUES="
+            f"{max_values}",
+        )
     try:
         obj = orjson.loads(line.raw)
     except orjson.JSONDecodeError as e:
@@ -109,30 +135,41 @@ def envelope(line: Line, endpoint: str) -> Envelope:
     return Envelope(cid, orjson.dumps(body))
 
 
-def check_file(content: bytes, max_lines: int) -> int:
-    """The number of requests in an input file; refuses a file no batch can run."""
-    lines = split_lines(content)
-    if len(lines) > max_lines:
-        raise InputInvalid(
-            f"the file has {len(lines)} requests, over INFERQ_MAX_BATCH_LINES={max_lines}"
-        )
-    if not lines:
-        raise InputInvalid("the input file holds no requests (one JSON object per line)")
+def check_file(content: bytes, max_lines: int, max_values: int) -> int:
+    """The number of requests in an input file; refuses a file no batch can run. Reads at
+    most `max_lines` + 1 requests, and parses none over `max_values` JSON values."""
     seen: dict[str, int] = {}
-    for line in lines:
-        try:
-            cid = _custom_id(orjson.loads(line.raw))
-        except orjson.JSONDecodeError:
-            continue  # its own error line, later
-        if cid is None:
-            continue
-        if cid in seen:
+    count = 0
+    duplicate: str | None = None  # the first found; the line limit is checked all the same
+    for line in iter_lines(content):
+        count += 1
+        if count > max_lines:
             raise InputInvalid(
+                f"the file has more than {max_lines} requests (INFERQ_MAX_BATCH_LINES={max_lines})"
+            )
+        cid = _custom_id_of_raw(line.raw, max_values)
+        if cid is None or duplicate is not None:
+            continue  # its own error line, later; or a refusal is already due
+        if cid in seen:
+            duplicate = (
                 f"custom_id {cid[:64]!r} is on lines {seen[cid]} and {line.number}: "
                 "each request needs its own"
             )
         seen[cid] = line.number
-    return len(lines)
+    if not count:
+        raise InputInvalid("the input file holds no requests (one JSON object per line)")
+    if duplicate is not None:
+        raise InputInvalid(duplicate)
+    return count
+
+
+def _custom_id_of_raw(raw: bytes, max_values: int) -> str | None:
+    if json_values(raw) > max_values:
+        return None  # never parsed: the runner records it as too large
+    try:
+        return _custom_id(orjson.loads(raw))
+    except orjson.JSONDecodeError:
+        return None
 
 
 # --- what each endpoint does with a body ---

@@ -231,7 +231,7 @@ class BatchRun:
     async def _submit(self, line: Line) -> bool:
         """Submit one line (or record why it cannot run); False on a 429."""
         try:
-            env = envelope(line, self.rec.endpoint)
+            env = envelope(line, self.rec.endpoint, self.jobs.settings.max_json_values)
         except LineError as e:
             self.results.append(
                 (line.number, *error_line(self.id, line.number, e.custom_id, e.code, str(e)))

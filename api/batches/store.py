@@ -245,6 +245,27 @@ class BatchStore:
         return sorted(as_str(b) for b in await self.redis.smembers(keys.BATCHES_ACTIVE))
 
     @unavailable
+    async def active_with_tenants(self) -> list[tuple[str, str]]:
+        """(id, tenant) of every batch in `BATCHES_ACTIVE` whose record is there and not
+        final (one record read each, pipelined: another slot each on a cluster)."""
+        ids = await self.active()
+        if not ids:
+            return []
+        async with self.redis.pipeline(transaction=False) as p:
+            for b in ids:
+                p.hmget(keys.batch(b), [BatchField.TENANT, BatchField.STATUS])
+            rows = await p.execute()
+        return [
+            (b, as_str(tenant or b""))
+            for b, (tenant, status) in zip(ids, rows, strict=True)
+            if status is not None and as_str(status) not in BATCH_FINAL
+        ]
+
+    async def running(self, tenant: str) -> int:
+        """Batches of `tenant` not final yet (what `INFERQ_TENANT_MAX_BATCHES` caps)."""
+        return sum(1 for _, t in await self.active_with_tenants() if t == tenant)
+
+    @unavailable
     async def deactivate(self, batch_id: str) -> None:
         """Drop a batch whose record is final or gone from `BATCHES_ACTIVE`: a step of its
         own after `finish` (another slot); if it never comes, the next runner to take the

@@ -22,10 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from inferq.api.batches.lines import ENDPOINTS, check_file
 from inferq.api.batches.store import WINDOWS
 from inferq.api.responses import FastJSON, list_page
-from inferq.api.routes.deps import Batches, Config, Files, Leases, Tenant
-from inferq.shared.errors import InputInvalid, JobNotFound
+from inferq.api.routes.deps import Batches, Config, Files, Jobs, Leases, Tenant
+from inferq.shared.errors import InputInvalid, JobNotFound, Overloaded
 
 router = APIRouter(prefix="/v1", tags=["batches"])
+
+QUOTA_RETRY_S = 60  # a running batch may take its whole window; this is a polite minimum
 
 
 class BatchCreate(BaseModel):
@@ -60,11 +62,20 @@ async def create_batch(
     batches: Batches,
     files: Files,
     leases: Leases,
+    jobs: Jobs,
     settings: Config,
     tenant: Tenant,
 ) -> FastJSON:
     """Run every request of an uploaded file through `endpoint`, in the low lane."""
+    await jobs.memory.check()  # Redis nearly full: 503 before anything is read
     _check(body)
+    if (running := await batches.running(tenant)) >= settings.tenant_max_batches:
+        raise Overloaded(
+            f"tenant {tenant!r} has {running} batches running (INFERQ_TENANT_MAX_BATCHES="
+            f"{settings.tenant_max_batches})",
+            QUOTA_RETRY_S,
+            "tenant_batches",
+        )
     src = await files.get(body.input_file_id, tenant)
     if src.purpose != "batch":
         raise InputInvalid(
@@ -74,7 +85,9 @@ async def create_batch(
     if content is None:
         raise JobNotFound(f"no file {src.id!r}")
     # Parsing up to INFERQ_MAX_BATCH_FILE_BYTES of JSON lines: off the event loop.
-    total = await asyncio.to_thread(check_file, content, settings.max_batch_lines)
+    total = await asyncio.to_thread(
+        check_file, content, settings.max_batch_lines, settings.max_json_values
+    )
     rec = await batches.create(
         tenant,
         input_file_id=src.id,

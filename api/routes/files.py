@@ -17,10 +17,33 @@ from fastapi.responses import Response, StreamingResponse
 from inferq.api.batches.files import CHUNK_BYTES, PURPOSES
 from inferq.api.middleware import BodyTooLarge
 from inferq.api.responses import FastJSON, list_page
-from inferq.api.routes.deps import Config, Files, Tenant
-from inferq.shared.errors import InputInvalid, InputTooLarge
+from inferq.api.routes.deps import Config, Files, Jobs, Tenant
+from inferq.shared.errors import InputInvalid, InputTooLarge, Overloaded
+from inferq.shared.settings import Settings
 
 router = APIRouter(prefix="/v1", tags=["files"])
+
+# Files leave only by deletion or their TTL (days): a client should not retry in a hurry.
+QUOTA_RETRY_S = 3600
+
+
+def check_file_quota(usage: tuple[int, int], size: int, settings: Settings, tenant: str) -> None:
+    """429 when one more file of `size` bytes would pass the tenant's file quotas."""
+    count, held = usage
+    if count >= settings.tenant_max_files:
+        raise Overloaded(
+            f"tenant {tenant!r} keeps {count} files (INFERQ_TENANT_MAX_FILES="
+            f"{settings.tenant_max_files}): delete some first",
+            QUOTA_RETRY_S,
+            "tenant_files",
+        )
+    if held + size > settings.tenant_max_file_bytes:
+        raise Overloaded(
+            f"tenant {tenant!r} keeps {held} bytes of files; {size} more would pass "
+            f"INFERQ_TENANT_MAX_FILE_BYTES={settings.tenant_max_file_bytes}",
+            QUOTA_RETRY_S,
+            "tenant_file_bytes",
+        )
 
 
 _UPLOAD_SCHEMA = {
@@ -43,8 +66,11 @@ _UPLOAD_SCHEMA = {
 
 
 @router.post("/files", openapi_extra=_UPLOAD_SCHEMA)
-async def upload_file(request: Request, files: Files, settings: Config, tenant: Tenant) -> FastJSON:
+async def upload_file(
+    request: Request, files: Files, jobs: Jobs, settings: Config, tenant: Tenant
+) -> FastJSON:
     """Upload a JSONL file of batch requests (`purpose=batch`)."""
+    await jobs.memory.check()  # Redis nearly full: 503 before anything is read
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise InputInvalid("POST /v1/files takes multipart/form-data: a 'file' and 'purpose=batch'")
     limit = settings.max_batch_file_bytes
@@ -66,6 +92,7 @@ async def upload_file(request: Request, files: Files, settings: Config, tenant: 
         raise InputTooLarge(f"upload exceeds INFERQ_MAX_BATCH_FILE_BYTES={limit} bytes") from e
     if len(content) > limit:
         raise InputTooLarge(f"file exceeds INFERQ_MAX_BATCH_FILE_BYTES={limit} bytes")
+    check_file_quota(await files.usage(tenant), len(content), settings, tenant)
     rec = await files.create(tenant, filename, purpose, content)
     return FastJSON(rec.view())
 

@@ -70,14 +70,32 @@ def test_envelope_names_what_is_wrong(raw: bytes, code: str, cid: str | None) ->
 
 def test_check_file() -> None:
     good = b"\n".join(orjson.dumps(_req(f"c{i}", {"input": "a"})) for i in range(3))
-    assert bl.check_file(good + b"\n{broken\n", max_lines=4) == 4  # a broken line is its own error
-    with pytest.raises(InputInvalid, match="INFERQ_MAX_BATCH_LINES=2"):
-        bl.check_file(good, max_lines=2)
+    assert bl.check_file(good + b"\n{broken\n", 4, 1000) == 4  # a broken line: its own error
+    with pytest.raises(InputInvalid, match="more than 2 requests .INFERQ_MAX_BATCH_LINES=2"):
+        bl.check_file(good, 2, 1000)
     with pytest.raises(InputInvalid, match="no requests"):
-        bl.check_file(b"\n \n", max_lines=2)
+        bl.check_file(b"\n \n", 2, 1000)
     dup = good + b"\n" + orjson.dumps(_req("c1", {"input": "b"}))
     with pytest.raises(InputInvalid, match="'c1' is on lines 2 and 4"):
-        bl.check_file(dup, max_lines=10)
+        bl.check_file(dup, 10, 1000)
+    # A line over the value budget is never parsed: a duplicate id inside it goes unseen,
+    # and the runner refuses that line alone.
+    big = orjson.dumps(_req("c1", {"input": ["a"] * 50}))
+    assert bl.check_file(good + b"\n" + big, 10, 20) == 4
+    with pytest.raises(bl.LineError, match="INFERQ_MAX_JSON_VALUES=20") as e:
+        bl.envelope(bl.Line(4, big), EP, 20)
+    assert e.value.code == "too_large"
+
+
+def test_lines_are_numbered_by_position_and_read_lazily() -> None:
+    content = b"\n\na\n  \nb\r\n\n\nc"
+    assert [(x.number, x.raw) for x in bl.iter_lines(content)] == [
+        (3, b"a"),
+        (5, b"b\r"),
+        (8, b"c"),
+    ]
+    lines = bl.iter_lines(b"x\n" * 10_000_000)  # 20 MB: nothing is built before it is asked
+    assert next(lines).number == 1 and next(lines).number == 2
 
 
 # --- output and error lines ---
