@@ -4,7 +4,9 @@ development machines).
 Every INFERQ_* name is a setting; probes hit routes the API serves, on the port it listens
 on; a worker's grace period outlasts its drain; the KEDA triggers watch the streams and
 group shared/keys.py builds for the configured model; every reference (HPA, ScaledObject,
-Service, envFrom, TriggerAuthentication) names an object that exists.
+Service, envFrom, TriggerAuthentication, ServiceMonitor) names an object that exists; every
+variant's Redis runs with a ceiling and noeviction; the API requires keys, and Prometheus
+scrapes its /metrics with one of the admin keys.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from typing import Any
 import pytest
 import yaml
 
-from inferq.api.routes import health
+from inferq.api.core.auth import load_admin_keys, load_api_keys
+from inferq.api.routes import health, observability
 from inferq.shared import keys
 from inferq.shared.settings import Settings
+from tests.tools.test_compose import check_redis_ceiling
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -37,7 +41,7 @@ SCALERS = {
 }
 KINDS = {
     "ConfigMap", "Secret", "Deployment", "Service", "HorizontalPodAutoscaler",
-    "ScaledObject", "TriggerAuthentication",
+    "ScaledObject", "TriggerAuthentication", "ServiceMonitor", "PodMonitor",
 }  # fmt: skip
 API_GRACEFUL_S = 10  # uvicorn's timeout_graceful_shutdown in api/main.py
 
@@ -188,3 +192,88 @@ def test_references_resolve() -> None:
     for d in _of(objs, "Deployment"):
         selector = d["spec"]["selector"]["matchLabels"]
         assert selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+
+
+# --- Redis's ceiling: "Redis full → 503" needs a maxmemory, and noeviction ---
+
+
+def _redis_conf(config_map: dict[str, Any]) -> dict[str, str]:
+    lines = config_map["data"]["redis.conf"].splitlines()
+    pairs = [line.split(None, 1) for line in lines if line.strip() and not line.startswith("#")]
+    return {k: v.strip() for k, v in pairs}
+
+
+@pytest.mark.parametrize(
+    "path", sorted(K8S.rglob("redis.yaml")), ids=lambda p: str(p.relative_to(K8S))
+)
+def test_every_redis_manifest_sets_a_ceiling_and_noeviction(path: Path) -> None:
+    """Each variant's Redis file (single, sentinel, cluster) says what its servers run with."""
+    (config_map,) = [
+        d
+        for d in _docs([path])
+        if (d["kind"], d["metadata"]["name"]) == ("ConfigMap", "inferq-redis-server")
+    ]
+    conf = _redis_conf(config_map)
+    check_redis_ceiling(conf.get("maxmemory", "0"), conf.get("maxmemory-policy"), str(path))
+    assert conf.get("appendonly") == "yes", path
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_each_variant_applies_its_own_redis_config(variant: str) -> None:
+    applied = _applied(variant)[("ConfigMap", "inferq-redis-server")]
+    folder = K8S if variant == "single" else K8S / variant
+    (own,) = [d for d in _docs([folder / "redis.yaml"]) if d["kind"] == "ConfigMap"]
+    assert applied == own
+
+
+# --- keys: tenants apart, and the operator's /metrics scraped with an admin key ---
+
+
+def _api_settings(objs: dict[tuple[str, str], dict[str, Any]]) -> Settings:
+    (container,) = _containers(objs[("Deployment", "inferq-api")])
+    env = {k: v for k, v in _env(objs, container).items() if k.startswith("INFERQ_")}
+    return Settings(**{k.removeprefix("INFERQ_").lower(): v for k, v in env.items()})
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_api_requires_tenant_and_admin_keys(variant: str) -> None:
+    settings = _api_settings(_applied(variant))
+    assert load_api_keys(settings), "no INFERQ_API_KEYS: every caller is one anonymous tenant"
+    assert load_admin_keys(settings), "no INFERQ_ADMIN_KEYS: /metrics and /v1/health closed"
+
+
+def test_prometheus_scrapes_api_metrics_with_an_admin_key() -> None:
+    objs = _applied("single")
+    assert "/metrics" in {r.path for r in observability.admin.routes}  # type: ignore[attr-defined]
+    (monitor,) = _of(objs, "ServiceMonitor")
+    service = next(
+        s
+        for s in _of(objs, "Service")
+        if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
+    )
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics"
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    auth = endpoint["authorization"]
+    assert auth.get("type", "Bearer") == "Bearer"
+    secret = objs[("Secret", auth["credentials"]["name"])]["stringData"]
+    token = secret[auth["credentials"]["key"]].encode()
+    admins = load_admin_keys(_api_settings(objs))
+    assert token in admins, "the token Prometheus sends is not an admin key"
+    assert token not in load_api_keys(_api_settings(objs)), "a tenant's key gets 403"
+
+
+def test_worker_metrics_are_scraped_on_their_named_port() -> None:
+    objs = _applied("single")
+    (monitor,) = _of(objs, "PodMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    workers = [d for d in _of(objs, "Deployment") if d["metadata"]["name"] != "inferq-api"]
+    for d in workers:
+        assert selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        (c,) = _containers(d)
+        port = int(_env(objs, c)["INFERQ_WORKER_METRICS_PORT"])
+        named = {p["name"]: p["containerPort"] for p in c["ports"]}
+        for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+            assert named[endpoint["port"]] == port, d["metadata"]["name"]
+    api = objs[("Deployment", "inferq-api")]["spec"]["template"]["metadata"]["labels"]
+    assert not selector.items() <= api.items(), "the PodMonitor would scrape the API without a key"
