@@ -204,8 +204,9 @@ class Settings(BaseSettings):
     )
     redis_maxmemory: str = Field(
         "25%",
-        description="maxmemory of the Redis `inferq up` starts (noeviction): bytes ('2gb') or a "
-        "share of the machine's memory ('25%'). Deployments set their own Redis's (compose, k8s).",
+        description="maxmemory of the Redis `inferq up` starts (noeviction): bytes ('2GiB'; "
+        "'2GB' is 2×10⁹) or a share of the machine's memory ('25%'). Deployments set their own "
+        "Redis's (compose, k8s).",
     )
     redis_memory_high_water: float = Field(
         0.9,

@@ -57,11 +57,31 @@ class RedisMemory:
     @unavailable
     async def _read(self) -> float:
         try:
-            return memory_ratio(await self.redis.info("memory"))
+            info = await self.redis.info("memory")
+            if self._read_at == float("-inf"):  # the first reading: say what it cannot guard
+                self._warn_unbounded(info)
+            return memory_ratio(info)
         except ResponseError as e:  # INFO denied (a managed Redis's ACL) or not served
             log.warning("cannot read Redis memory (%s): the high-water mark is off", e)
             self.high_water = float("inf")
             return 0.0
+
+    @staticmethod
+    def _warn_unbounded(info: Mapping[str, Any]) -> None:
+        if "used_memory" not in info:
+            return  # a cluster: one reply per node; each node's own config is its operator's
+        policy = info.get("maxmemory_policy", "")
+        if not int(info.get("maxmemory", 0) or 0):
+            log.warning(
+                "Redis has no maxmemory: it grows until the kernel kills it, and the "
+                "API's 503 before a full Redis never comes (set maxmemory + noeviction)"
+            )
+        elif policy != "noeviction":
+            log.warning(
+                "Redis evicts keys (maxmemory-policy %s): a job record or stream entry "
+                "can vanish under memory pressure; use noeviction",
+                policy,
+            )
 
     async def check(self) -> None:
         """Raise `RedisFull` (503) while Redis is past the high-water mark."""
