@@ -99,6 +99,7 @@ class BatchRun:
         self.jobs = jobs
         self.metrics = metrics
         self.window = jobs.settings.batch_in_flight
+        self.max_values = jobs.settings.max_json_values  # a line over it is never parsed
         self.recheck_s = jobs.settings.long_poll_recheck_s
         self.wake = asyncio.Event()  # a watched job may have changed, or a poke
         self.pending: deque[Line] = deque()
@@ -208,7 +209,7 @@ class BatchRun:
 
     def _not_run(self, line: Line, custom_id: str | None, code: str) -> tuple[bytes, bytes]:
         why = "the batch was cancelled" if code == "batch_cancelled" else "the batch expired"
-        cid = custom_id if custom_id is not None else custom_id_of(line)
+        cid = custom_id if custom_id is not None else custom_id_of(line, self.max_values)
         return error_line(self.id, line.number, cid, code, f"not run: {why}")
 
     async def _fill(self) -> None:
@@ -231,7 +232,7 @@ class BatchRun:
     async def _submit(self, line: Line) -> bool:
         """Submit one line (or record why it cannot run); False on a 429."""
         try:
-            env = envelope(line, self.rec.endpoint, self.jobs.settings.max_json_values)
+            env = envelope(line, self.rec.endpoint, self.max_values)
         except LineError as e:
             self.results.append(
                 (line.number, *error_line(self.id, line.number, e.custom_id, e.code, str(e)))

@@ -73,6 +73,11 @@ async def upload_file(
     await jobs.memory.check()  # Redis nearly full: 503 before anything is read
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise InputInvalid("POST /v1/files takes multipart/form-data: a 'file' and 'purpose=batch'")
+    # A tenant with no room left is refused before its upload is read (up to
+    # INFERQ_MAX_BATCH_FILE_BYTES); once the size is known, checked again against usage
+    # read afresh. Uploads of one tenant in flight at once may each pass: the quota is a
+    # bound per upload, the Redis memory guard above bounds them all.
+    check_file_quota(await files.usage(tenant), 0, settings, tenant)
     limit = settings.max_batch_file_bytes
     try:
         async with request.form(max_files=1, max_fields=4) as form:

@@ -46,6 +46,46 @@ def test_a_16_mb_junk_file_neither_stalls_nor_bloats_the_api(stack: Stack) -> No
     assert max(grown, grown_create) < GROWTH_BOUND_BYTES, (grown, grown_create)
 
 
+def _ended(base: str, batch_id: str) -> httpx.Response:
+    def final() -> httpx.Response | None:
+        r = httpx.get(f"{base}/v1/batches/{batch_id}", timeout=10)
+        return r if r.json()["status"] in ("completed", "failed", "expired", "cancelled") else None
+
+    return wait_for(final, 120, f"batch {batch_id} to end", interval_s=0.05)
+
+
+def test_a_16_mb_tensor_on_one_line_neither_stalls_nor_bloats_the_api(stack: Stack) -> None:
+    """4 M values on one line, 4 times INFERQ_MAX_JSON_VALUES: neither the check at create
+    nor the run parses it (each would build every value, the run on the event loop); the
+    line fails alone as too_large."""
+    stack.worker()
+    base = stack.api()
+    rows, cols = 2000, 2000
+    tensor = {"dtype": "float32", "shape": [rows, cols], "data": [[0.5] * cols] * rows}
+    huge = _line("huge", {"input": {"tensor": tensor}}) + b"\n"
+    assert len(huge) > 16_000_000
+    r, probe, grown_upload = measure(stack, base, lambda: _upload_raw(base, huge))
+    assert r.status_code == 200, r.text
+    assert probe.worst_s < STALL_BOUND_S, f"upload: /healthz stalled {probe.worst_s:.2f}s"
+    file_id = r.json()["id"]
+
+    def create_and_run() -> httpx.Response:
+        created = _create(base, file_id)
+        assert created.status_code == 200, created.text
+        return _ended(base, created.json()["id"])
+
+    r, probe, grown_run = measure(stack, base, create_and_run)
+    batch = r.json()
+    assert batch["status"] == "completed", batch
+    assert batch["request_counts"] == {"total": 1, "completed": 0, "failed": 1}
+    errors = httpx.get(f"{base}/v1/files/{batch['error_file_id']}/content", timeout=10)
+    (error,) = [orjson.loads(x)["error"] for x in errors.content.splitlines()]
+    assert error["code"] == "too_large" and "INFERQ_MAX_JSON_VALUES" in error["message"]
+    assert probe.answered > 0 and not probe.errors, probe.errors
+    assert probe.worst_s < STALL_BOUND_S, f"create and run: /healthz stalled {probe.worst_s:.2f}s"
+    assert max(grown_upload, grown_run) < GROWTH_BOUND_BYTES, (grown_upload, grown_run)
+
+
 def test_a_line_too_big_to_parse_fails_alone(stack: Stack) -> None:
     stack.worker()
     base = stack.api(max_json_values=10_000)
@@ -109,3 +149,26 @@ def test_a_tenant_with_one_batch_is_not_queued_behind_anothers_many(stack: Stack
     # it ties with it (timestamps are whole seconds).
     assert sum(1 for t in a_at if t < b_at) <= 4, (b_at, sorted(a_at))
     assert len(a_at) < 12  # b's started while a still had batches waiting
+
+
+def test_a_nearly_full_redis_refuses_uploads_and_batches_with_503(stack: Stack) -> None:
+    base = stack.api(redis_memory_high_water=0.5)
+    lines = b"\n".join(_line(f"c{i}", {"input": "x"}) for i in range(3)) + b"\n"
+    file_id = _upload_raw(base, lines).json()["id"]
+    used = int(stack.r.info("memory")["used_memory"])
+    stack.r.config_set("maxmemory", str(used * 3 // 2))  # two thirds full: past the mark
+    stack.r.config_set("maxmemory-policy", "noeviction")
+    try:
+
+        def refused() -> httpx.Response | None:  # the API reads INFO memory at most every 1 s
+            r = _upload_raw(base, lines)
+            return r if r.status_code == 503 else None
+
+        r = wait_for(refused, 10, "uploads refused", interval_s=0.1)
+        assert r.headers["retry-after"]
+        assert "INFERQ_REDIS_MEMORY_HIGH_WATER" in r.json()["error"]["message"]
+        r = _create(base, file_id)
+        assert r.status_code == 503 and r.headers["retry-after"], r.text
+    finally:
+        stack.r.config_set("maxmemory", "0")
+    wait_for(lambda: _create(base, file_id).status_code == 200, 10, "batches accepted again")

@@ -5,7 +5,9 @@ file routes on fakeredis (they need no Lua)."""
 from __future__ import annotations
 
 import io
+import time
 
+import fakeredis
 import numpy as np
 import openai.types
 import orjson
@@ -13,13 +15,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from inferq.api.batches import lines as bl
-from inferq.api.batches.files import FileRecord
+from inferq.api.batches.files import FileRecord, FileStore
 from inferq.api.batches.store import BatchRecord, output_ids
 from inferq.api.core import embeddings
 from inferq.api.core.embeddings import Answer, EmbeddingsRequest
 from inferq.api.core.schemas import InferRequest
 from inferq.api.middleware import FRAMING_BYTES, UploadLimit
 from inferq.api.responses import FastJSON
+from inferq.shared import keys
 from inferq.shared.errors import InputInvalid, InputTooLarge, ModelNotServed, Overloaded
 from inferq.shared.jobs import ErrorCode, Job, JobError, Status
 from tests.unit.api.conftest import MakeApp
@@ -71,7 +74,7 @@ def test_envelope_names_what_is_wrong(raw: bytes, code: str, cid: str | None) ->
 def test_check_file() -> None:
     good = b"\n".join(orjson.dumps(_req(f"c{i}", {"input": "a"})) for i in range(3))
     assert bl.check_file(good + b"\n{broken\n", 4, 1000) == 4  # a broken line: its own error
-    with pytest.raises(InputInvalid, match="more than 2 requests .INFERQ_MAX_BATCH_LINES=2"):
+    with pytest.raises(InputInvalid, match=r"more than 2 requests \(INFERQ_MAX_BATCH_LINES=2\)"):
         bl.check_file(good, 2, 1000)
     with pytest.raises(InputInvalid, match="no requests"):
         bl.check_file(b"\n \n", 2, 1000)
@@ -85,6 +88,9 @@ def test_check_file() -> None:
     with pytest.raises(bl.LineError, match="INFERQ_MAX_JSON_VALUES=20") as e:
         bl.envelope(bl.Line(4, big), EP, 20)
     assert e.value.code == "too_large"
+    # Nor is it parsed for its custom_id when the run records it as not run (cancel, expiry).
+    assert bl.custom_id_of(bl.Line(4, big), 20) is None
+    assert bl.custom_id_of(bl.Line(4, big), 1000) == "c1"
 
 
 def test_lines_are_numbered_by_position_and_read_lazily() -> None:
@@ -96,6 +102,20 @@ def test_lines_are_numbered_by_position_and_read_lazily() -> None:
     ]
     lines = bl.iter_lines(b"x\n" * 10_000_000)  # 20 MB: nothing is built before it is asked
     assert next(lines).number == 1 and next(lines).number == 2
+
+
+def test_blank_lines_cost_no_python_step_each() -> None:
+    """16 MB of lines holding only blanks: skipped inside the regex engine (~0.1 s), not a
+    Python step each (~5 s here before). The bound is generous for a slow CI box."""
+    blank = b" \t\r\n" * 4_000_000
+    assert [(x.number, x.raw) for x in bl.iter_lines(b" \n\t x \n" + blank + b"y")] == [
+        (2, b"\t x "),
+        (4_000_003, b"y"),
+    ]
+    t0 = time.perf_counter()
+    with pytest.raises(InputInvalid, match="no requests"):
+        bl.check_file(blank, 10, 1000)
+    assert time.perf_counter() - t0 < 1.0
 
 
 # --- output and error lines ---
@@ -305,3 +325,38 @@ def test_batch_refusals(client: TestClient) -> None:
         assert r.status_code == status and text in r.json()["error"]["message"], (change, r.text)
     assert client.get("/v1/batches/batch_nope", headers=a).status_code == 404
     assert client.get("/v1/batches", headers=a).json()["data"] == []
+
+
+def test_file_quotas_name_their_setting(make_app: MakeApp) -> None:
+    c = make_app(api_keys="alpha:ka,beta:kb", tenant_max_files=2, tenant_max_file_bytes=1000).client
+    assert _upload(c, "ka", b"x" * 600).status_code == 200
+    r = _upload(c, "ka", b"x" * 500)
+    assert r.status_code == 429 and r.headers["retry-after"]
+    assert "INFERQ_TENANT_MAX_FILE_BYTES=1000" in r.json()["error"]["message"]
+    assert _upload(c, "kb", b"x" * 500).status_code == 200  # beta's quota is its own
+    kept = _upload(c, "ka", b"x" * 400).json()["id"]  # 2 files, 1000 bytes: full, not over
+    r = _upload(c, "ka", b"x")
+    assert r.status_code == 429 and "INFERQ_TENANT_MAX_FILES=2" in r.json()["error"]["message"]
+    # Refused before the upload is read: a form without 'purpose' gets the 429, not a 422.
+    a = {"authorization": "Bearer ka"}
+    r = c.post("/v1/files", files={"file": ("in.jsonl", io.BytesIO(b"{}"))}, headers=a)
+    assert r.status_code == 429, r.text
+    assert c.delete(f"/v1/files/{kept}", headers=a).status_code == 200  # room again
+    assert _upload(c, "ka", b"x" * 400).status_code == 200
+
+
+async def test_usage_counts_uploads_and_outputs_and_forgets_expired_files() -> None:
+    redis = fakeredis.FakeAsyncRedis()
+    files = FileStore(redis, ttl_s=3600)
+    await files.create("t", "in.jsonl", "batch", b"x" * 100)
+    gone = await files.create("t", "old.jsonl", "batch", b"x" * 7)
+    # A batch's output is written whatever the quota (the store checks none): it counts.
+    out = files.writer(output_ids("batch_1")[0])
+    await out.write(b"y" * 50)
+    await out.close("t", "batch_1_output.jsonl", "batch_output")
+    await files.create("u", "in.jsonl", "batch", b"z" * 1000)
+    assert await files.usage("t") == (3, 157)
+    await redis.delete(keys.file(gone.id))  # expired: its index entry lingers until read
+    assert await files.usage("t") == (2, 150)
+    assert await redis.zscore(keys.files("t"), gone.id) is None
+    assert await files.usage("nobody") == (0, 0)

@@ -87,3 +87,70 @@ async def test_the_scanner_survives_any_error_and_counts_it(monkeypatch: Any) ->
         assert counted == 4
     finally:
         await runner.stop()
+
+
+async def _until(cond: Any, timeout_s: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+class FlakyRunStore:
+    """A batch whose runs and renewals fail, with Redis refusals and bugs, before they work:
+    `load` fails `load_errors` times, then waits for `finish` and finds the batch gone;
+    `renew` fails `renew_errors` times, then keeps the lease."""
+
+    def __init__(self, load_errors: int, renew_errors: int) -> None:
+        self.load_errors, self.renew_errors = load_errors, renew_errors
+        self.loads = self.renewals = 0
+        self.finish = asyncio.Event()
+        self.deactivated: list[str] = []
+        self.released: list[str] = []
+
+    def _error(self, n: int) -> Exception:
+        if n % 2:
+            return RuntimeError("a bug")
+        return ResponseError("OOM command not allowed when used memory > 'maxmemory'.")
+
+    async def load(self, batch_id: str) -> None:
+        self.loads += 1
+        if self.loads <= self.load_errors:
+            raise self._error(self.loads)
+        await self.finish.wait()
+
+    async def deactivate(self, batch_id: str) -> None:
+        self.deactivated.append(batch_id)
+
+    async def renew(self, batch_id: str, owner: str, lease_ms: int) -> bool:
+        self.renewals += 1
+        if self.renewals <= self.renew_errors:
+            raise self._error(self.renewals)
+        return True
+
+    async def release(self, batch_id: str, owner: str) -> None:
+        self.released.append(batch_id)
+
+
+def _count(metrics: Any, loop: str) -> float:
+    return float(metrics.background_errors.labels(loop=loop)._value.get())
+
+
+async def test_a_run_and_its_renewals_survive_any_error_and_count_it(monkeypatch: Any) -> None:
+    monkeypatch.setattr(leases_module, "RENEW_S", 0.01)
+    store, metrics = FlakyRunStore(load_errors=2, renew_errors=3), api_metrics()
+    runner = BatchLeases(store, None, None, metrics)  # type: ignore[arg-type]
+    hold = asyncio.create_task(runner._hold("batch_x"))
+    runner._held["batch_x"] = hold
+    try:
+        # The run starts over after each failure (backoff 0.1 s, then 0.2 s) and the lease
+        # is renewed on through the renewals' failures.
+        await _until(lambda: store.loads == 3 and store.renewals > 6, 5, "the run and renewals")
+        assert not hold.done()
+        assert _count(metrics, "batch_run") == 2 and _count(metrics, "batch_leases") == 3
+        store.finish.set()  # the batch ends: the run returns, the lease is handed back
+        await asyncio.wait_for(hold, 5)
+    finally:
+        hold.cancel()
+    assert store.deactivated == ["batch_x"] and store.released == ["batch_x"]
+    assert "batch_x" not in runner._held
