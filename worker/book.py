@@ -64,6 +64,11 @@ class Book:
         """Held here, or finalised here and not yet written: never admit it twice."""
         return job_id in self.jobs or job_id in self.outbox.posting
 
+    def hold_running(self, state: JobState) -> None:
+        """A job that goes to the device at once, past the scheduler (an idle worker's lone
+        job): held, so its entry stays fresh and a stop or a take-over sees it."""
+        self.jobs[state.job.id] = state
+
     def hold(self, state: JobState, items: list[Item]) -> None:
         if not items:
             self.finalize(state)

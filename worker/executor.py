@@ -16,17 +16,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
 
-from inferq.shared.jobs import ErrorCode, JobError
-from inferq.worker.models.base import Model, ModelError, is_oom
+from inferq.shared.jobs import ErrorCode, Job, JobError
+from inferq.worker.models.base import Model, ModelError, Prepared, is_oom
 from inferq.worker.policy.batcher import Item
 from inferq.worker.policy.scheduler import Scheduler, padded_cost
-from inferq.worker.state import work
+from inferq.worker.state import JobState, Work, work
 
 log = logging.getLogger("inferq.worker")
 
@@ -99,31 +99,81 @@ class Executor:
             )
             outputs = _outputs(out, len(items))
         except Exception as e:
-            if is_oom(e):
-                await self._on_oom(items, padded, e, sink)
-            elif len(items) == 1:
-                log.warning(
-                    "job %s failed: model error on item %d: %r",
-                    work(items[0]).state.job.id,
-                    work(items[0]).index,
-                    e,
-                )
-                sink.on_failure(
-                    items[0], JobError(ErrorCode.MODEL_ERROR, f"{type(e).__name__}: {e}")
-                )
-            else:
-                log.info(
-                    "batch of %d failed (%s); splitting to isolate the bad item",
-                    len(items),
-                    type(e).__name__,
-                )
-                await self._split(items, sink)
+            await self._failed(items, padded, e, sink)
             return
-        run_s = time.perf_counter() - t0
+        self._succeeded(items, outputs, padded, time.perf_counter() - t0, sink)
+
+    def _succeeded(
+        self,
+        items: list[Item],
+        outputs: Sequence[Any] | np.ndarray,
+        padded: int,
+        run_s: float,
+        sink: Sink,
+    ) -> None:
         raised = self.scheduler.on_success(run_s)
         if raised is not None:
             log.info("live ceiling raised to %d after successful batches", raised)
         sink.on_rows(items, outputs, padded, run_s)
+
+    async def _failed(self, items: list[Item], padded: int, e: Exception, sink: Sink) -> None:
+        """A batch raised: an OOM lowers the ceiling and splits; a lone item fails its job;
+        a larger batch is split until the bad item is alone."""
+        if is_oom(e):
+            await self._on_oom(items, padded, e, sink)
+        elif len(items) == 1:
+            log.warning(
+                "job %s failed: model error on item %d: %r",
+                work(items[0]).state.job.id,
+                work(items[0]).index,
+                e,
+            )
+            sink.on_failure(items[0], JobError(ErrorCode.MODEL_ERROR, f"{type(e).__name__}: {e}"))
+        else:
+            log.info(
+                "batch of %d failed (%s); splitting to isolate the bad item",
+                len(items),
+                type(e).__name__,
+            )
+            await self._split(items, sink)
+
+    async def run_alone(
+        self,
+        state: JobState,
+        prepare: Callable[[Job], list[Prepared] | JobError],
+        sink: Sink,
+        arrived: float,
+    ) -> None:
+        """An idle worker's lone one-input job: prepared and run in one hop to a model thread
+        (not a prepare thread, the event loop, then a model thread), with the same outcomes
+        as `run` would give it."""
+
+        def both() -> tuple[list[Prepared] | JobError, Any, Exception | None, float]:
+            prepared = prepare(state.job)
+            if isinstance(prepared, JobError):
+                return prepared, None, None, 0.0
+            t0 = time.perf_counter()
+            try:
+                out = self.model.run([prepared[0].payload])
+            except Exception as e:  # handled on the loop, exactly as for any batch
+                return prepared, None, e, 0.0
+            return prepared, out, None, time.perf_counter() - t0
+
+        loop = asyncio.get_running_loop()
+        prepared, out, error, run_s = await loop.run_in_executor(self._pool, both)
+        if isinstance(prepared, JobError):
+            sink.on_failure(Item(Work(state, 0, None), cost=1, arrived=arrived), prepared)
+            return
+        items = [Item(Work(state, 0, prepared[0].payload), cost=prepared[0].cost, arrived=arrived)]
+        if error is None:
+            try:
+                outputs = _outputs(out, 1)
+            except ModelError as e:
+                error = e
+        if error is not None:
+            await self._failed(items, items[0].cost, error, sink)
+            return
+        self._succeeded(items, outputs, items[0].cost, run_s, sink)
 
     async def _split(self, items: list[Item], sink: Sink) -> None:
         sink.on_split(items)

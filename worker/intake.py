@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -53,6 +54,9 @@ class Admission:
     held: list[tuple[JobState, list[Item]]] = field(default_factory=list)
     decided: list[tuple[JobState, JobError, Status]] = field(default_factory=list)
     stale: list[Entry] = field(default_factory=list)
+    # An idle worker's lone one-input job, its start counted by the claim: not prepared
+    # here, it is prepared and run in one hop to a model thread (`Worker._run_alone`).
+    alone: tuple[Entry, Job] | None = None
 
 
 def _checked(prepared: list[Prepared], n: int) -> list[Prepared]:
@@ -91,6 +95,7 @@ class Intake:
         self._blocking = ShardReads()
         # One thread: a job's inputs are prepared in order; the model has its own threads.
         self._prepare = ThreadPoolExecutor(1, thread_name_prefix="inferq-prepare")
+        self._prepare_lock = threading.Lock()
 
     def shutdown(self) -> None:
         self._prepare.shutdown(wait=True)
@@ -217,29 +222,34 @@ class Intake:
                 out.decided.append((state, verdict, status))
             else:
                 ready.append((entry, c.job, c.started))
-        if ready:
-            jobs = [(entry, job) for entry, job, _ in ready]
-            loop = asyncio.get_running_loop()
-            prepared = await loop.run_in_executor(self._prepare, self._prepare_all, jobs)
-            arrived = self.clock.monotonic()
-            for (entry, job, started), result in zip(ready, prepared, strict=True):
-                if isinstance(result, JobError):
-                    out.decided.append((JobState(job, entry, 0), result, Status.FAILED))
-                    continue
-                state = JobState(
-                    job,
-                    entry,
-                    remaining=len(result),
-                    outputs=[None] * len(result),
-                    counted=started,
-                    start_checked=started,
-                )
-                items = [
-                    Item(key=Work(state, i, p.payload), cost=p.cost, arrived=arrived)
-                    for i, p in enumerate(result)
-                ]
-                out.held.append((state, items))
+        if len(ready) == 1 and ready[0][2] and len(ready[0][1].inputs) == 1:
+            out.alone = ready[0][0], ready[0][1]  # counted (`started`): the worker was idle
+        elif ready:
+            await self._prepare_held(ready, out)
         return out
+
+    async def _prepare_held(self, ready: list[tuple[Entry, Job, bool]], out: Admission) -> None:
+        jobs = [(entry, job) for entry, job, _ in ready]
+        loop = asyncio.get_running_loop()
+        prepared = await loop.run_in_executor(self._prepare, self._prepare_all, jobs)
+        arrived = self.clock.monotonic()
+        for (entry, job, started), result in zip(ready, prepared, strict=True):
+            if isinstance(result, JobError):
+                out.decided.append((JobState(job, entry, 0), result, Status.FAILED))
+                continue
+            state = JobState(
+                job,
+                entry,
+                remaining=len(result),
+                outputs=[None] * len(result),
+                counted=started,
+                start_checked=started,
+            )
+            items = [
+                Item(key=Work(state, i, p.payload), cost=p.cost, arrived=arrived)
+                for i, p in enumerate(result)
+            ]
+            out.held.append((state, items))
 
     def _verdict(self, job: Job, now_ms: int) -> JobError | None:
         # `attempts` counts device starts that never finished (see scripts.START).
@@ -253,17 +263,21 @@ class Intake:
         return None
 
     def _prepare_all(self, ready: list[tuple[Entry, Job]]) -> list[list[Prepared] | JobError]:
-        out: list[list[Prepared] | JobError] = []
-        for _, job in ready:
-            try:
-                inputs = typed_inputs(job.inputs, self.model.inputs)
+        return [self.prepare_one(job) for _, job in ready]
+
+    def prepare_one(self, job: Job) -> list[Prepared] | JobError:
+        """A job's inputs as the model prepared them, or the error that fails the job. In any
+        thread: calls into the model's `prepare` are serialised (its contract does not
+        promise it may run twice at once)."""
+        try:
+            inputs = typed_inputs(job.inputs, self.model.inputs)
+            with self._prepare_lock:
                 prepared = self.model.prepare(inputs, job.parameters)
-                out.append(_checked(prepared, len(job.inputs)))
-            except InvalidInput as e:  # undecodable, too large, a bad parameter value...
-                out.append(JobError(ErrorCode.INVALID_INPUT, str(e)))
-            except Exception as e:  # a bad input fails its own job before it reaches a batch
-                out.append(JobError(ErrorCode.MODEL_ERROR, f"{type(e).__name__}: {e}"))
-        return out
+            return _checked(prepared, len(job.inputs))
+        except InvalidInput as e:  # undecodable, too large, a bad parameter value...
+            return JobError(ErrorCode.INVALID_INPUT, str(e))
+        except Exception as e:  # a bad input fails its own job before it reaches a batch
+            return JobError(ErrorCode.MODEL_ERROR, f"{type(e).__name__}: {e}")
 
 
 def typed_inputs(raw: list[Any], accepted: frozenset[InputKind]) -> list[Input]:

@@ -51,7 +51,7 @@ from inferq.worker.outbox import Outbox
 from inferq.worker.policy.batcher import Batch, Item
 from inferq.worker.policy.ceiling import LiveCeiling
 from inferq.worker.policy.scheduler import Scheduler
-from inferq.worker.state import JobState, work
+from inferq.worker.state import JobState, Work, work
 from inferq.worker.stats import Stats
 from inferq.worker.telemetry import Telemetry
 
@@ -274,7 +274,27 @@ class Worker:
             self.book.finalize(state, error, status)
         for state, items in admission.held:
             self.book.hold(state, items)
+        if admission.alone is not None:
+            entry, job = admission.alone
+            state = JobState(job, entry, 1, outputs=[None], counted=True)
+            self.book.hold_running(state)
+            self._running.add(asyncio.create_task(self._run_alone(state)))
         self._wake.set()
+
+    async def _run_alone(self, state: JobState) -> None:
+        """The quiet path: an idle worker's lone job goes to a model thread, prepared and run
+        in one hop, and its result is written from here, not by the outbox's task. It is a
+        running batch like any other (the scheduler counts it; a stop waits for it)."""
+        now = self.clock.monotonic()
+        batch = Batch([Item(Work(state, 0, None), cost=1, arrived=now)], 1)
+        self._on_device[id(batch)] = (batch, now)
+        try:
+            log.debug("batch on the device: 1 items")
+            await self.executor.run_alone(state, self.intake.prepare_one, self.book, now)
+            await self.outbox.flush()
+        finally:
+            del self._on_device[id(batch)]
+            self._room.set()
 
     # --- schedule and run ---
     async def _schedule(self) -> None:

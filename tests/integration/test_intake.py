@@ -78,21 +78,24 @@ async def test_each_job_read_is_held_decided_or_acked(redis: Redis) -> None:
     intake.shutdown()
 
 
-async def test_an_idle_claim_of_a_lone_job_counts_its_start(redis: Redis) -> None:
+async def test_an_idle_claim_of_a_lone_job_counts_its_start_and_leaves_it_unprepared(
+    redis: Redis,
+) -> None:
     clock = FakeClock()
     intake, queue = _intake(redis, clock)
     await queue.ensure_group("echo")
     lone = await _submit(queue, "alone")
     assert await intake.fetch(10, lambda _: False) == []  # its own pending list first
     out = await intake.admit(await intake.fetch(10, lambda _: False), idle=True)
-    ((state, _),) = out.held
-    assert state.counted and state.start_checked  # its batch skips START
+    assert out.held == [] and out.alone is not None  # not prepared: it runs in one hop
+    assert out.alone[1].id == lone
     job = await queue.get(lone)
     assert job is not None and job.attempts == 1
     # Two jobs read together: neither is counted here (the one that waits must not be).
     a, b = await _submit(queue, "a"), await _submit(queue, "b")
     out = await intake.admit(await intake.fetch(10, lambda _: False), idle=True)
-    assert len(out.held) == 2 and not any(s.counted for s, _ in out.held)
+    assert len(out.held) == 2 and out.alone is None
+    assert not any(s.counted for s, _ in out.held)
     for job_id in (a, b):
         job = await queue.get(job_id)
         assert job is not None and job.attempts == 0

@@ -3,13 +3,14 @@ steerable models, a fake clock and a cuttable proxy: each behaviour in seconds."
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from inferq.shared import keys
-from inferq.shared.jobs import ErrorCode, Status, decode_job
+from inferq.shared.jobs import ErrorCode, Job, Status, decode_job, new_job_id
 from inferq.worker.models.echo import expected_vector
 from tests.integration.inprocess import FakeClock, InProcess, Proxy, Recorder, until
 
@@ -132,6 +133,51 @@ async def test_an_idle_worker_counts_a_lone_jobs_start_in_its_claim(inproc: Any)
     pair = await w.submit("one", "two")
     assert (await w.final(pair)).attempts == 1
     assert starts == [[beside], [pair]]
+
+
+class ThreadRecorder(Recorder):
+    """Records which thread prepared each input, and which ran each batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prepared_in: list[str] = []
+        self.ran_in: list[str] = []
+
+    def prepare(self, inputs: Any, parameters: Any) -> Any:
+        self.prepared_in.append(threading.current_thread().name.split("_")[0])
+        return super().prepare(inputs, parameters)
+
+    def run(self, batch: list[Any]) -> Any:
+        self.ran_in.append(threading.current_thread().name.split("_")[0])
+        return super().run(batch)
+
+
+async def test_the_idle_path_prepares_and_runs_in_one_hop_with_the_same_outcomes(
+    inproc: Any,
+) -> None:
+    """A lone one-input job on an idle worker is prepared in the model thread that runs it
+    (one hop, not two), and ends as the scheduled path would end it: a result, a model
+    error, an input the model cannot take. Under load the scheduled path runs (a prepare
+    thread, then a model thread)."""
+    model = ThreadRecorder()
+    w = inproc(model)
+    await w.start()
+    ok = await w.submit("quiet")
+    assert (await w.final(ok)).outputs is not None
+    assert model.prepared_in == ["inferq-model"] and model.ran_in == ["inferq-model"]
+    boom = await w.submit("boom")
+    failed = await w.final(boom)
+    assert failed.status is Status.FAILED and failed.error is not None
+    assert failed.error.code == ErrorCode.MODEL_ERROR and "boom" in failed.error.message
+    job = Job(id=new_job_id("echo"), model="echo", inputs=[{"image": b"\xff\xd8\xff"}])
+    assert (await w.queue.submit(job)).outcome == "created"
+    bad = await w.final(job.id)
+    assert bad.error is not None and bad.error.code == ErrorCode.INVALID_INPUT
+    # Two inputs: the scheduled path, prepared in the prepare thread.
+    model.prepared_in.clear()
+    pair = await w.submit("one", "two")
+    assert (await w.final(pair)).status is Status.SUCCEEDED
+    assert model.prepared_in == ["inferq-prepare"]
 
 
 async def _status(w: InProcess, job_id: str, status: Status) -> bool:
