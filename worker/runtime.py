@@ -12,6 +12,12 @@ Four tasks, joined by the book of held jobs and the outbox:
   Redis is down;
 - heartbeat: a `Snapshot` of the worker to the registry every `heartbeat_s`.
 
+The quiet path skips two of those hops: a lone one-input job read by an idle worker (its
+device start counted by the claim) is not prepared by the intake nor scheduled; it goes
+straight to a model thread that prepares and runs it (`Executor.run_alone`), and its result
+is written from that task (`Outbox.flush`). It counts as a running batch all the same, so
+the scheduler, a stop and the heartbeat see it as they see any batch.
+
 A task that dies takes the worker down (and its heartbeat with it), never leaving a
 process that looks alive but no longer reads or publishes.
 
