@@ -26,7 +26,7 @@ read and written outside scripts and need no tag. On one Redis the tags change n
 | `worker(worker_id)`              | hash    | heartbeat record, TTL `heartbeat_ttl_s`     |
 | `dead(model, shard)`             | stream  | dead-lettered entries                       |
 | `model_info(model)`              | hash    | what the model takes and gives (its workers write it at start; no TTL) |
-| `webhooks(model, shard)`         | stream  | one entry `{job: id}` per final job with a webhook; acked once delivered |
+| `webhooks(model, shard)`         | stream  | one entry `{job: id, record: final record}` per final job with a webhook (`{delivery}` when a retry comes back); acked once settled |
 | `webhook_retry(model, shard)`    | zset    | deliveries waiting for their next attempt, score = due ms |
 | `webhook_dead(model, shard)`     | stream  | deliveries given up after `webhook_max_age_s` |
 | `cache(digest, model, shard)`    | string  | cached outputs (packed), TTL `cache_ttl_s` |

@@ -15,6 +15,7 @@ build fresh ones:
 | `inferq_batch_lines_total`           | counter   | result         | api    |
 | `inferq_redis_memory_ratio`          | gauge     | –              | api    |
 | `inferq_background_errors_total`     | counter   | loop           | api    |
+| `inferq_webhook_deferrals_total`     | counter   | why            | api    |
 | `inferq_jobs_finished_total`         | counter   | model, status  | worker |
 | `inferq_job_queue_seconds`           | histogram | model          | worker |
 | `inferq_job_latency_seconds`         | histogram | model          | worker |
@@ -102,6 +103,7 @@ class ApiMetrics:
     batch_lines: Counter
     redis_memory_ratio: Gauge
     background_errors: Counter
+    webhook_deferrals: Counter
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,13 @@ def api_metrics(registry: CollectorRegistry | None = None) -> ApiMetrics:
             "Failures a background loop of the API survived (it backs off and goes on), by "
             "loop: batch_leases, batch_run, webhooks_read, webhooks_upkeep.",
             ["loop"],
+            registry=reg,
+        ),
+        webhook_deferrals=Counter(
+            f"{PREFIX}_webhook_deferrals",
+            "Webhook deliveries put back unattempted, their target being at its limit "
+            "(busy), its circuit open (open) or a probe under way (probing).",
+            ["why"],
             registry=reg,
         ),
     )

@@ -236,7 +236,7 @@ class Settings(BaseSettings):
         86_400.0,
         gt=0,
         description="A delivery is retried (exponential backoff with jitter) for this long after "
-        "the job ended, then dead-lettered.",
+        "its first attempt, then dead-lettered.",
     )
     webhook_timeout_s: float = Field(
         5.0, gt=0, description="Connect + read timeout of one delivery attempt."

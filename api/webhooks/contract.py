@@ -13,16 +13,23 @@ A job submitted with `"webhook": {"url": ...}` is POSTed its final view (the JSO
 
 Every attempt carries `X-Inferq-Delivery` (the same on every attempt of one delivery:
 receivers de-duplicate on it), `X-Inferq-Timestamp` (unix seconds of this attempt) and
-`X-Inferq-Signature: sha256=<hex HMAC-SHA256(key, timestamp + "." + body)>`. The key is the
-tenant's (`INFERQ_WEBHOOK_TENANT_SECRETS`), else `INFERQ_WEBHOOK_SECRET`; with neither, a
-submit with a webhook is refused (422). Keys are never logged nor written to Redis.
+`X-Inferq-Signature: sha256=<hex HMAC-SHA256(key, timestamp + "." + delivery id + "." +
+body)>`. The delivery id is signed so that a captured attempt replayed under a fresh id (to
+get past the receiver's de-duplication) fails verification. The URL is not signed: behind a
+proxy or a load balancer a receiver cannot reliably rebuild the URL we called, and a
+per-tenant key already ties a signature to one receiver. The key is the tenant's
+(`INFERQ_WEBHOOK_TENANT_SECRETS`), else `INFERQ_WEBHOOK_SECRET`; with neither, a submit with
+a webhook is refused (422). Keys are never logged nor written to Redis.
 
 | attempt result                                         | outcome                       |
 |--------------------------------------------------------|-------------------------------|
 | 2xx                                                    | delivered                     |
 | 408, 429, 5xx, timeout, connection error, no DNS answer | retry (backoff with jitter)   |
 | any other status: 3xx (redirects are not followed), 4xx | dead at once: the receiver said no |
-| the URL now fails the SSRF guard (`webhooks.ssrf`)      | dead at once                  |
+| the URL now fails the SSRF guard (`webhooks.ssrf`), or its host is no DNS name | dead at once |
+
+408, 429, 5xx, timeouts and connection errors also count against the target's circuit
+breaker (`webhooks.targets`); any other answer shows the target alive.
 """
 
 from __future__ import annotations
@@ -122,16 +129,23 @@ async def submit_target(
             await ssrf.check(url, allow_list(settings), resolve)
     except (OSError, TimeoutError) as e:
         raise InputInvalid(f"webhook host {host} does not resolve: {e or 'timed out'}") from e
+    except ValueError as e:  # a resolver's own ValueError: a 422 naming it, never a 500
+        raise InputInvalid(f"webhook host {host} is not a valid host name: {e}") from e
     return {"url": url}
 
 
 # --- the receiver's contract -----------------------------------------------------------------
 
 
-def sign(key: bytes, timestamp: int, body: bytes) -> str:
-    """`sha256=<hex>` of HMAC-SHA256 over `<timestamp>.<body>`."""
-    digest = hmac.new(key, str(timestamp).encode() + b"." + body, hashlib.sha256).hexdigest()
-    return f"sha256={digest}"
+def signed_bytes(timestamp: int, delivery_id: str, body: bytes) -> bytes:
+    """What the signature covers: `<timestamp>.<delivery id>.<body>`."""
+    return f"{timestamp}.{delivery_id}.".encode() + body
+
+
+def sign(key: bytes, timestamp: int, delivery_id: str, body: bytes) -> str:
+    """`sha256=<hex>` of HMAC-SHA256 over `<timestamp>.<delivery id>.<body>`."""
+    message = signed_bytes(timestamp, delivery_id, body)
+    return f"sha256={hmac.new(key, message, hashlib.sha256).hexdigest()}"
 
 
 def headers(key: bytes, delivery_id: str, body: bytes, timestamp: int) -> dict[str, str]:
@@ -139,7 +153,7 @@ def headers(key: bytes, delivery_id: str, body: bytes, timestamp: int) -> dict[s
         "Content-Type": "application/json",
         DELIVERY: delivery_id,
         TIMESTAMP: str(timestamp),
-        SIGNATURE: sign(key, timestamp, body),
+        SIGNATURE: sign(key, timestamp, delivery_id, body),
         "User-Agent": "inferq-webhooks/1",
     }
 
@@ -176,8 +190,11 @@ class Delivery:
     url: str
     tenant: str
     body: bytes
-    ended_ms: int  # when the job became final: the retry window starts here
-    first_ms: int  # first attempt
+    ended_ms: int  # when the job became final (kept for the dead letter's reader)
+    # When a deliverer first took it up (its first attempt, or its first deferral when the
+    # target could not take it then): the retry window of INFERQ_WEBHOOK_MAX_AGE_S starts
+    # here, so a backlog before the first attempt does not eat into it.
+    first_ms: int
     attempts: int = 0  # failed attempts so far
     error: str = ""  # why the last attempt failed
 
@@ -213,23 +230,30 @@ class Delivery:
     def failed(self, error: str) -> Delivery:
         return replace(self, attempts=self.attempts + 1, error=error)
 
+    def deadline_ms(self, max_age_s: float) -> int:
+        """When retrying stops: `max_age_s` after the first attempt."""
+        return self.first_ms + int(max_age_s * 1000)
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
     kind: Kind
     reason: str = ""
     retry_after_s: float | None = None  # what a 429/503 asked for
+    # What the attempt says about the target, for its circuit breaker: True it answered,
+    # False it failed (timeout, connection error, 408/429/5xx), None no request was made.
+    target_ok: bool | None = None
 
 
 def outcome_of(status: int, retry_after: str | None) -> Outcome:
     if 200 <= status < 300:
-        return Outcome("delivered", f"HTTP {status}")
+        return Outcome("delivered", f"HTTP {status}", target_ok=True)
     if status in (408, 429) or status >= 500:
         wait = float(retry_after) if retry_after and retry_after.strip().isdigit() else None
-        return Outcome("retry", f"HTTP {status}", wait)
+        return Outcome("retry", f"HTTP {status}", wait, target_ok=False)
     # 3xx: redirects are not followed (each hop would need the SSRF guard, and a moved
     # endpoint is a configuration to fix); other 4xx: the receiver refuses this delivery.
-    return Outcome("dead", f"HTTP {status}")
+    return Outcome("dead", f"HTTP {status}", target_ok=True)
 
 
 def attempt_budget_s(settings: Settings) -> float:

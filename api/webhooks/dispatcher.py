@@ -25,11 +25,21 @@ once, and a repeat carries the same `X-Inferq-Delivery`:
 
 A process takes over from the whole group, itself included: a reply lost on a dropped
 connection leaves entries in its own pending list (reliability guide #1). Take-overs are
-counted by Redis (the entry's delivery count); past `MAX_DELIVERIES` the entry is
+counted by Redis (the entry's delivery count); past `delivery.MAX_DELIVERIES` the entry is
 dead-lettered unattempted, so a delivery that kills its deliverer cannot kill them all.
 
-The scripts and the plain stream calls live in `webhooks.store`; one attempt (the POST)
-in `webhooks.poster.Poster`, what its answer means in `webhooks.contract`.
+Fairness: at most `INFERQ_WEBHOOK_CONCURRENCY` entries are held (and attempted) at once per
+process, and at most `INFERQ_WEBHOOK_PER_TARGET` of them per target, whose circuit breaker
+stops attempts to a target that keeps failing (`webhooks.targets`). An entry whose target
+cannot take it now is deferred, not waited for, so a tarpit holds a few slots, not all.
+
+Both loops outlive every error: each is counted in
+`inferq_background_errors_total{loop="webhooks_read"|"webhooks_upkeep"}`, logged, and
+followed by a backoff.
+
+What happens to one entry is `webhooks.delivery.Deliverer`; the scripts and the plain
+stream calls live in `webhooks.store`; one attempt (the POST) in `webhooks.poster.Poster`,
+what its answer means in `webhooks.contract`.
 """
 
 from __future__ import annotations
@@ -38,7 +48,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
 import secrets
 import socket
 import time
@@ -47,14 +56,8 @@ from collections.abc import Callable
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from inferq.api.webhooks.contract import (
-    Delivery,
-    Outcome,
-    attempt_budget_s,
-    backoff_s,
-    delivery_id,
-    enabled,
-)
+from inferq.api.webhooks.contract import attempt_budget_s, enabled
+from inferq.api.webhooks.delivery import Deliverer
 from inferq.api.webhooks.poster import Poster
 from inferq.api.webhooks.store import (
     BLOCK_MS,
@@ -67,13 +70,11 @@ from inferq.api.webhooks.store import (
     shards_of,
 )
 from inferq.shared import keys
-from inferq.shared.errors import CodecError, QueueUnavailable
-from inferq.shared.jobs import now_ms
+from inferq.shared.errors import QueueUnavailable
 from inferq.shared.metrics import ApiMetrics
 from inferq.shared.queue import JobQueue
 from inferq.shared.redis_conn import as_str, unavailable
 from inferq.shared.retry import Backoff
-from inferq.shared.schema import DeliveryField
 from inferq.shared.settings import Settings
 
 log = logging.getLogger("inferq.api.webhooks")
@@ -81,8 +82,6 @@ log = logging.getLogger("inferq.api.webhooks")
 READ_MAX = 64  # entries per read, and per take-over pass
 PROMOTE_MAX = 100  # retries moved back per script call (keeps each call short)
 MAX_TICK_S = 1.0  # the upkeep loop wakes at least this often
-MAX_DELIVERIES = 5  # first read + 4 take-overs, then dead-lettered unattempted
-DEAD_MAXLEN = 100_000  # approximate cap on the dead-letter stream (nobody consumes it)
 FORGET_AFTER_MS = 3_600_000  # a consumer idle this long and holding nothing is removed
 FORGET_EVERY_S = 300.0
 STOP_GRACE_S = 5.0  # at shutdown, in-flight attempts get this long, then are left pending
@@ -96,8 +95,8 @@ def claim_idle_ms(settings: Settings) -> int:
 
 class Dispatcher:
     """Reads deliveries and takes over stale ones, attempts them (at most
-    `webhook_concurrency` at once), settles each; promotes due retries. Two tasks: `read`
-    and `upkeep`."""
+    `webhook_concurrency` at once, `webhook_per_target` per target), settles each; promotes
+    due retries. Two tasks: `read` and `upkeep`."""
 
     def __init__(
         self,
@@ -107,6 +106,7 @@ class Dispatcher:
         metrics: ApiMetrics,
         *,
         poster: Poster | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.settings = settings
         self.queue = queue
@@ -115,17 +115,28 @@ class Dispatcher:
         self.metrics = metrics
         self.poster = poster or Poster(settings)
         self.consumer = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._clock = clock or time.monotonic
         self.claim_idle_ms = claim_idle_ms(settings)
         self._claim_every_s = min(MAX_TICK_S, max(0.05, self.claim_idle_ms / 4000))
         self._slots = asyncio.Semaphore(settings.webhook_concurrency)
         self.shards = shards_of(settings.served_models, settings.stream_shards)
         self.reader = Reader(blocking, self.shards, self.consumer)
         self.scripts = Scripts(self.redis)
+        self.deliverer = Deliverer(
+            settings,
+            queue,
+            self.scripts,
+            self.consumer,
+            metrics,
+            self.poster,
+            scheduled=self._scheduled,
+            clock=self._clock,
+        )
         self._loops: list[asyncio.Task[None]] = []
         self._inflight: set[asyncio.Task[None]] = set()
-        self._wake = asyncio.Event()  # a retry was scheduled here: promote on time
+        self._wake = asyncio.Event()  # a retry is due before the promoter's next pass
+        self._promote_at = 0.0  # when the promoter's next pass is (by `_clock`)
         self._stopping = False
-        self._rng = random.Random()
 
     @classmethod
     def launch(
@@ -144,6 +155,8 @@ class Dispatcher:
             asyncio.create_task(self._read_loop(), name="webhooks-read"),
             asyncio.create_task(self._upkeep_loop(), name="webhooks-upkeep"),
         ]
+        for task in self._loops:
+            task.add_done_callback(self._loop_ended)
         log.info("webhooks: delivering as consumer %s", self.consumer)
 
     async def stop(self) -> None:
@@ -226,12 +239,9 @@ class Dispatcher:
                 error = e
             self._give_slots(n)
             if error is not None:
-                delay = backoff.next()
                 grouped = grouped and "NOGROUP" not in str(error)  # flushed: create it again
-                if not isinstance(error, QueueUnavailable) and grouped:
-                    log.error("webhooks: read failed", exc_info=error)
-                log.warning("webhooks: reading again in %.1fs: %s", delay, error)
-                await asyncio.sleep(delay)
+                self._failed("webhooks_read", error)
+                await asyncio.sleep(backoff.next())
 
     async def _take_over(self, n: int) -> int:
         """Start up to `n` stale entries (a dead or wedged process's); how many it started."""
@@ -272,33 +282,35 @@ class Dispatcher:
 
     async def _upkeep_loop(self) -> None:
         backoff = Backoff()
-        clock = asyncio.get_running_loop().time
+        clock = self._clock
         next_forget = clock() + FORGET_EVERY_S
         while not self._stopping:
-            self._wake.clear()  # before promoting: a retry scheduled from now on wakes us
+            # While promoting, a retry due within a tick may be missed by this pass: it wakes
+            # us again. One due later is seen by the next pass, at most a tick from now.
+            self._promote_at = clock() + MAX_TICK_S
+            self._wake.clear()
             try:
                 wait_s = await self._promote_due()
                 if clock() >= next_forget:
                     await self._forget_idle_consumers()
                     next_forget = clock() + FORGET_EVERY_S
+                self.deliverer.targets.sweep(clock())
                 backoff.reset()
-            except ResponseError as e:
-                if "NOGROUP" not in str(e):  # NOGROUP: the read loop recreates the group
-                    log.exception("webhooks: upkeep failed")
-                wait_s = backoff.next()
             except Exception as e:  # the loop's boundary: it must outlive any one failure
-                if not isinstance(e, QueueUnavailable):
-                    log.exception("webhooks: upkeep failed")
+                # (NOGROUP too: the read loop recreates the group; this one backs off.)
+                self._failed("webhooks_upkeep", e)
                 wait_s = backoff.next()
+            wait_s = max(wait_s, 0.005)
+            self._promote_at = clock() + wait_s
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(wait_s, 0.005))
+                await asyncio.wait_for(self._wake.wait(), wait_s)
 
-    # --- one delivery ---
+    # --- one delivery (what happens to it: `webhooks.delivery`) ---
 
     async def _deliver(self, shard: Shard, entry: Entry, times: int, slot: bool) -> None:
         """The task of one entry; it holds one slot (when given one) until it is settled."""
         try:
-            await self._handle(shard, entry, times)
+            await self.deliverer.handle(shard, entry, times)
         except QueueUnavailable as e:
             log.warning("webhook entry %s left for take-over: %s", entry[0], e)
         except Exception:  # the task's boundary: the entry stays pending, take-over counts it
@@ -307,89 +319,22 @@ class Dispatcher:
             if slot:
                 self._slots.release()
 
-    async def _handle(self, shard: Shard, entry: Entry, times_delivered: int) -> None:
-        entry_id, fields = entry
-        if not fields:  # deleted while pending: nothing left to deliver
-            await self._settle_entry(shard, entry_id, "done")
-            return
-        job_id = as_str(fields.get(DeliveryField.JOB.encode(), b""))
-        record = fields.get(DeliveryField.DELIVERY.encode())
-        try:
-            d = (
-                Delivery.unpack(record)
-                if record is not None
-                else await self._fresh(entry_id, job_id)
-            )
-        except CodecError as e:
-            await self._dead(shard, entry_id, job_id, record or b"", str(e))
-            return
-        if d is None:  # the job has no webhook (a hand-written entry): nothing to do
-            await self._settle_entry(shard, entry_id, "done")
-        elif not d.url:
-            await self._dead(shard, entry_id, d.job, d.pack(), d.error)
-        elif times_delivered > MAX_DELIVERIES:
-            reason = (
-                f"taken over {times_delivered - 1} times without an answer; not attempted again"
-            )
-            await self._dead(shard, entry_id, d.job, d.pack(), reason)
-        else:
-            started = time.perf_counter()
-            outcome = await self.poster.attempt(d)
-            self.metrics.webhook_attempt_seconds.observe(time.perf_counter() - started)
-            await self._conclude(shard, entry_id, d, outcome)
-
-    async def _fresh(self, entry_id: str, job_id: str) -> Delivery | None:
-        """The first attempt's delivery, built from the job record: the body is snapshotted
-        here, and travels with every retry."""
-        job = await self.queue.get(job_id) if job_id else None
-        if job is None:
-            now = now_ms()
-            reason = "the job record expired before the first attempt (INFERQ_RESULT_TTL_S)"
-            return Delivery(delivery_id(job_id, entry_id), job_id, "", "", b"", now, now, 0, reason)
-        url = (job.webhook or {}).get("url")
-        return Delivery.of(job, entry_id, url) if url else None
-
-    async def _conclude(self, shard: Shard, entry_id: str, d: Delivery, outcome: Outcome) -> None:
-        if outcome.kind == "delivered":
-            if await self._settle_entry(shard, entry_id, "done"):
-                self.metrics.webhook_deliveries.labels(outcome="delivered").inc()
-                log.debug("webhook %s of job %s delivered (%s)", d.id, d.job, outcome.reason)
-            return
-        failed = d.failed(outcome.reason)
-        if outcome.kind == "dead":
-            await self._dead(shard, entry_id, d.job, failed.pack(), outcome.reason)
-            return
-        max_age_s = self.settings.webhook_max_age_s
-        now, deadline = now_ms(), d.ended_ms + int(max_age_s * 1000)
-        if now >= deadline:
-            reason = f"gave up after {failed.attempts} attempts over INFERQ_WEBHOOK_MAX_AGE_S={max_age_s:g}: {outcome.reason}"
-            await self._dead(shard, entry_id, d.job, failed.pack(), reason)
-            return
-        cap = self.settings.webhook_backoff_max_s
-        delay = backoff_s(failed.attempts, self.settings.webhook_backoff_s, cap, self._rng)
-        if outcome.retry_after_s is not None:  # the receiver asked for longer: up to the cap
-            delay = max(delay, min(outcome.retry_after_s, cap))
-        delay_ms = max(1, min(int(delay * 1000), deadline - now))  # one last try at the deadline
-        if await self._settle_entry(shard, entry_id, "retry", delay_ms, failed.pack()):
-            self.metrics.webhook_deliveries.labels(outcome="retried").inc()
+    def _scheduled(self, delay_ms: int) -> None:
+        """A retry or deferral is due in `delay_ms`: wake the promoter if it would sleep past
+        that (not on every one: hundreds of deferrals a second must not spin the upkeep)."""
+        if self._clock() + delay_ms / 1000 < self._promote_at:
             self._wake.set()
-            log.info(
-                "webhook %s of job %s: attempt %d failed (%s), next in %d ms",
-                d.id,
-                d.job,
-                failed.attempts,
-                outcome.reason,
-                delay_ms,
-            )
 
-    async def _dead(
-        self, shard: Shard, entry_id: str, job_id: str, record: bytes, reason: str
-    ) -> None:
-        if await self._settle_entry(shard, entry_id, "dead", DEAD_MAXLEN, job_id, record, reason):
-            self.metrics.webhook_deliveries.labels(outcome="dead").inc()
-            log.warning("webhook of job %s dead-lettered: %s", job_id, reason)
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        """Loops end only at `stop`; say so loudly if one ever ends otherwise."""
+        if not self._stopping:
+            error = None if task.cancelled() else task.exception()
+            log.error("webhooks: loop %s ended before stop", task.get_name(), exc_info=error)
 
-    async def _settle_entry(
-        self, shard: Shard, entry_id: str, mode: str, *args: bytes | str | int
-    ) -> bool:
-        return await self.scripts.settle(shard, self.consumer, entry_id, mode, *args)
+    def _failed(self, loop: str, e: Exception) -> None:
+        """A loop survived `e`: counted and logged (with a traceback unless Redis was away)."""
+        self.metrics.background_errors.labels(loop=loop).inc()
+        if isinstance(e, QueueUnavailable):
+            log.warning("%s: %s", loop, e)
+        else:
+            log.error("%s failed; backing off", loop, exc_info=e)

@@ -27,7 +27,8 @@ from inferq.shared.settings import Settings
 
 class Poster:
     """Makes one attempt: checks the URL again (DNS may have changed), signs, and POSTs to
-    the address it checked, never following redirects."""
+    the address it checked, never following redirects. Every failure becomes an `Outcome`
+    (a bad host name a dead one), never an exception."""
 
     def __init__(
         self,
@@ -75,9 +76,12 @@ class Poster:
         except ssrf.WebhookRefused as e:
             return Outcome("dead", str(e))
         except TimeoutError:
-            return Outcome("retry", f"no answer within {attempt_budget_s(self.settings):g}s")
+            budget = attempt_budget_s(self.settings)
+            return Outcome("retry", f"no answer within {budget:g}s", target_ok=False)
         except (httpx.HTTPError, OSError) as e:
-            return Outcome("retry", f"{type(e).__name__}: {e}"[:200])
+            return Outcome("retry", f"{type(e).__name__}: {e}"[:200], target_ok=False)
+        except (httpx.InvalidURL, ValueError) as e:  # no request can be made of this URL, ever
+            return Outcome("dead", f"{type(e).__name__}: {e}"[:200])
 
     async def aclose(self) -> None:
         await self.client.aclose()

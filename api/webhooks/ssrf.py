@@ -7,14 +7,19 @@ address. The delivery then connects to the very address that was checked (`Targe
 second lookup exists that an attacker's DNS server could answer differently.
 
 Exceptions: `WebhookRefused` (an `InputInvalid`: 422 at submit, a dead letter at delivery)
-names the rule that refused the URL. A name that does not resolve raises `OSError`
-(`socket.gaierror`) or `TimeoutError`: the caller decides whether that is final.
+names the rule that refused the URL, never the address a name resolved to: a refusal that
+said "resolves to 10.0.0.5" would let any caller map the inside of the network through our
+resolver (the address goes to a DEBUG log line instead). A host that is no valid name (an
+empty label, one over 63 characters: what the resolver's IDNA codec raises `UnicodeError`
+for) is refused too, since no later attempt can fix it. A name that does not resolve raises
+`OSError` (`socket.gaierror`) or `TimeoutError`: the caller decides whether that is final.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import socket
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -35,14 +40,20 @@ ALLOW_SETTING = "INFERQ_WEBHOOK_ALLOW"
 METADATA = frozenset(ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254"))
 # NAT64 (RFC 6052): an IPv6-only host reaches IPv4 through it, so judge the embedded address.
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# DNS limits (RFC 1035): what the resolver's IDNA step refuses with a UnicodeError.
+MAX_LABEL = 63
+MAX_NAME = 253
+
+log = logging.getLogger("inferq.api.webhooks")
 
 
 class WebhookRefused(InputInvalid):
     """A webhook URL that inferq will not call; the message names the rule."""
 
 
-def _embedded(address: IPAddress) -> IPAddress:
-    """The IPv4 address an IPv4-mapped or NAT64 IPv6 address stands for, else itself."""
+def _stands_for(address: IPAddress) -> IPAddress:
+    """The IPv4 address an IPv4-mapped or NAT64 IPv6 address stands for, else itself: such an
+    address *is* its IPv4 one on the wire, so it is judged as that alone."""
     if isinstance(address, ipaddress.IPv6Address):
         if address.ipv4_mapped is not None:
             return address.ipv4_mapped
@@ -51,11 +62,21 @@ def _embedded(address: IPAddress) -> IPAddress:
     return address
 
 
-def classify(address: IPAddress) -> str | None:
-    """Why `address` is not a public one (e.g. 'a private address'), or None if it is.
+def _tunnelled(address: IPAddress) -> tuple[str, tuple[ipaddress.IPv4Address, ...]]:
+    """('6to4' | 'Teredo', the IPv4 addresses it carries) for a tunnel address, else ('', ()).
+    A relay delivers such packets to the embedded IPv4 host, so that host is judged too."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.sixtofour is not None:
+            return "6to4", (address.sixtofour,)
+        if address.teredo is not None:
+            return "Teredo", address.teredo  # (server, client)
+    return "", ()
+
+
+def _rule(ip: IPAddress) -> str | None:
+    """Why `ip` itself is not a public address, or None.
 
     Order matters: 127.0.0.1 is also "private" to Python, and multicast is "global"."""
-    ip = _embedded(address)
     if ip.is_unspecified:
         return "an unspecified address"
     if ip.is_loopback:
@@ -68,11 +89,27 @@ def classify(address: IPAddress) -> str | None:
         return "a multicast address"
     if ip.is_reserved:  # before private: Python counts 240.0.0.0/4 as both
         return "a reserved address"
+    if isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local:  # fec0::/10: "global" to Python
+        return "a site-local address"
     if ip.is_private:
         return "a private address"
     if not ip.is_global:
         return "not a public address"
     return None
+
+
+def classify(address: IPAddress) -> str | None:
+    """Why `address` is not a public one (e.g. 'a private address'), or None if it is.
+
+    IPv4-mapped and NAT64 addresses are judged by the IPv4 address they stand for; 6to4 and
+    Teredo ones by every IPv4 address they carry, then as themselves."""
+    ip = _stands_for(address)
+    tunnel, carried = _tunnelled(ip)
+    for inner in carried:
+        reason = _rule(inner)
+        if reason is not None:
+            return f"a {tunnel} address carrying {reason}"
+    return _rule(ip)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,11 +179,29 @@ def parse_url(url: str) -> httpx.URL:
         raise WebhookRefused(f"webhook url scheme {parsed.scheme!r} is not http or https")
     if not parsed.host:
         raise WebhookRefused("webhook url has no host")
+    literal = _literal(parsed.host) is not None
+    problem = None if literal else _name_problem(parsed.raw_host.decode("ascii"))
+    if problem is not None:
+        raise WebhookRefused(f"webhook host {parsed.host} is not a valid host name: {problem}")
     if parsed.userinfo:
         # It would sit in Redis in the clear and travel in every log of the URL; the
         # signature is what authenticates inferq to the receiver.
         raise WebhookRefused("webhook url must not carry credentials (user:password@)")
     return parsed
+
+
+def _name_problem(name: str) -> str | None:
+    """What makes `name` (its ASCII form) no DNS name, or None. httpx accepts such hosts; the
+    resolver then raises a UnicodeError, which no retry can fix."""
+    name = name.removesuffix(".")  # one trailing dot: the root, a fully qualified name
+    if len(name) > MAX_NAME:
+        return f"longer than {MAX_NAME} characters"
+    for label in name.split("."):
+        if not label:
+            return "an empty label"
+        if len(label) > MAX_LABEL:
+            return f"a label longer than {MAX_LABEL} characters"
+    return None
 
 
 async def system_resolve(host: str, port: int) -> list[str]:
@@ -171,15 +226,33 @@ async def check(url: str, allow: Allow, resolve: Resolver = system_resolve) -> T
     if literal is not None:
         addresses = [literal]
     else:
-        port = parsed.port or (443 if parsed.scheme == "https" else 80)
-        addresses = [ipaddress.ip_address(a.split("%", 1)[0]) for a in await resolve(host, port)]
-        if not addresses:
-            raise OSError(f"webhook host {host} resolves to no address")
+        addresses = await _resolved(parsed, resolve)
     for address in addresses:
         reason = classify(address)
         if reason is not None and not allow.admits(host, address):
-            what = "is" if literal is not None else f"resolves to {address},"
+            if literal is not None:  # the caller's own address: naming it tells them nothing
+                raise WebhookRefused(
+                    f"webhook host {host} is {reason}; allow it with {ALLOW_SETTING}"
+                )
+            # The rule only: the address a name resolves to stays on this side (DNS oracle).
+            log.debug("webhook host %s refused: it resolves to %s, %s", host, address, reason)
             raise WebhookRefused(
-                f"webhook host {host} {what} {reason}; allow it with {ALLOW_SETTING}"
+                f"webhook host {host} resolves to {reason}; allow it with {ALLOW_SETTING}"
             )
     return Target(parsed, str(addresses[0]))
+
+
+async def _resolved(parsed: httpx.URL, resolve: Resolver) -> list[IPAddress]:
+    """The addresses `parsed.host` resolves to; OSError/TimeoutError as the resolver raises
+    them, `WebhookRefused` for a ValueError (a name the IDNA codec refuses, say): final."""
+    host, port = parsed.host, parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        found = await resolve(host, port)
+    except ValueError as e:  # UnicodeError included: no later lookup can succeed
+        raise WebhookRefused(f"webhook host {host} is not a valid host name: {e}") from e
+    if not found:
+        raise OSError(f"webhook host {host} resolves to no address")
+    try:
+        return [ipaddress.ip_address(a.split("%", 1)[0]) for a in found]
+    except ValueError as e:  # the resolver's answer, not the caller's: not echoed
+        raise WebhookRefused(f"webhook host {host} resolves to something not an address") from e

@@ -5,11 +5,13 @@ idle consumer; their Lua is `inferq.shared.lua.webhooks`), and the plain stream 
 around them (the consumer group, XREADGROUP replies, take-over with delivery counts, health
 counts).
 
-Keys, one set per (model, queue shard), all three under the shard's hash tag (`Shard`):
+Keys, one set per (model, queue shard), all under the shard's hash tag (`Shard`):
 `keys.webhooks(model, shard)` (the stream, group `keys.WEBHOOK_GROUP`),
-`keys.webhook_retry(model, shard)` (the retry zset, scored by due time in ms on Redis' clock)
-and `keys.webhook_dead(model, shard)` (the dead-letter stream). A delivery stays on the shard
-of its job from first read to settling: each script names one shard's keys only.
+`keys.webhook_retry(model, shard)` (the retry zset, scored by due time in ms on Redis' clock),
+`keys.webhook_dead(model, shard)` (the dead-letter stream) and, per tenant,
+`keys.tenant_webhooks(model, shard, tenant)` (its deliveries not yet settled: FINISH and
+CACHED count one up, SETTLE one down when it settles a delivery for good). A delivery stays
+on the shard of its job from first read to settling: each script names one shard's keys only.
 """
 
 from __future__ import annotations
@@ -35,12 +37,15 @@ Entry = tuple[str, dict[bytes, bytes]]
 
 @dataclass(frozen=True)
 class Shard:
-    """The delivery keys of one (model, queue shard): all three carry the shard's hash tag,
-    so one script may name them together, on a cluster too."""
+    """The delivery keys of one (model, queue shard): all carry the shard's hash tag, so one
+    script may name them together, on a cluster too."""
 
     stream: str
     retry: str
     dead: str
+    model: str
+    index: int  # this shard's number, of `shards`
+    shards: int
 
     @classmethod
     def of(cls, model: str, shard: int, shards: int) -> Shard:
@@ -48,7 +53,14 @@ class Shard:
             keys.webhooks(model, shard, shards),
             keys.webhook_retry(model, shard, shards),
             keys.webhook_dead(model, shard, shards),
+            model,
+            shard,
+            shards,
         )
+
+    def tenant_webhooks(self, tenant: str) -> str:
+        """`tenant`'s counter of unsettled deliveries on this shard (same hash tag)."""
+        return keys.tenant_webhooks(self.model, self.index, self.shards, tenant)
 
 
 def shards_of(models: Iterable[str], shards: int) -> list[Shard]:
@@ -199,13 +211,23 @@ class Scripts:
 
     @unavailable
     async def settle(
-        self, shard: Shard, consumer: str, entry_id: str, mode: str, *args: bytes | str | int
+        self,
+        shard: Shard,
+        consumer: str,
+        entry_id: str,
+        mode: str,
+        *args: bytes | str | int,
+        tenant: str | None = None,
     ) -> bool:
         """done | retry (delay ms, record) | dead (maxlen, job id, record, reason), then
-        XACK+XDEL, only while `consumer` still holds the entry; False if it does not."""
+        XACK+XDEL, only while `consumer` still holds the entry; False if it does not.
+        Settled for good (done, dead) and with a `tenant`, that tenant's counter of unsettled
+        deliveries goes one down (never below 0); None: the entry was never counted."""
+        script_keys = [shard.stream, shard.retry, shard.dead]
+        if tenant is not None and mode != "retry":
+            script_keys.append(shard.tenant_webhooks(tenant))
         done = await self._settle(
-            keys=[shard.stream, shard.retry, shard.dead],
-            args=[keys.WEBHOOK_GROUP, consumer, entry_id, mode, *args],
+            keys=script_keys, args=[keys.WEBHOOK_GROUP, consumer, entry_id, mode, *args]
         )
         return bool(done)
 

@@ -4,7 +4,8 @@
 They use the prelude table `D` of `inferq.shared.lua` (delivery stream entry fields).
 
 - `PROMOTE`: move due retries from the retry zset back into the stream, on Redis' clock.
-- `SETTLE`: done, retry or dead letter, then XACK+XDEL, only while the consumer holds it.
+- `SETTLE`: done, retry or dead letter, then XACK+XDEL, only while the consumer holds it;
+  settled for good, the tenant's counter of unsettled deliveries one down.
 - `FORGET`: drop a consumer that holds nothing (dropping one that holds entries loses them).
 """
 
@@ -26,10 +27,13 @@ if #nxt == 0 then return {#due, -1} end
 return {#due, math.max(0, tonumber(nxt[2]) - now)}
 """
 
-# KEYS: stream, retry zset, dead stream. ARGV: group, consumer, entry id, mode, then
+# KEYS: stream, retry zset, dead stream[, the tenant's counter of unsettled deliveries].
+# ARGV: group, consumer, entry id, mode, then
 # done: nothing | retry: delay ms, record | dead: maxlen, job id, record, reason.
 # Only while `consumer` still holds the entry: one taken over meanwhile is the taker's to
-# settle, so a slow deliverer never adds a second retry record or dead letter. Returns 1|0.
+# settle, so a slow deliverer never adds a second retry record or dead letter, nor counts the
+# tenant down twice. Done or dead is for good: the counter FINISH/CACHED counted up goes one
+# down (never below 0, and never created); a retry (or a deferral) stays counted. Returns 1|0.
 SETTLE = """
 local held = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
 if #held == 0 then return 0 end
@@ -40,6 +44,9 @@ if ARGV[4] == 'retry' then
 elseif ARGV[4] == 'dead' then
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*',
              D.job, ARGV[6], D.delivery, ARGV[7], D.reason, ARGV[8])
+end
+if KEYS[4] and ARGV[4] ~= 'retry' and tonumber(redis.call('GET', KEYS[4]) or '0') > 0 then
+  redis.call('DECR', KEYS[4])
 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 redis.call('XDEL', KEYS[1], ARGV[3])

@@ -1,7 +1,9 @@
 """Completion webhooks against real processes: a receiver on 127.0.0.1 in a thread, real
 Redis, echo workers and API servers. Retries and signatures, a cancelled job, the SSRF guard
-at submit, an API killed mid-delivery, dead letters; then the two scripts that make
-promotion and settling safe between API processes, and the take-over's delivery cap."""
+at submit, an API killed mid-delivery, dead letters; then the scripts that make promotion
+and settling safe between API processes (and keep the tenant's count of unsettled
+deliveries), a delivery made after its job record expired, and the take-over's delivery cap.
+Fairness between targets (a tarpit beside a live receiver) is `test_webhook_fairness`."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import hashlib
 import hmac
 import json
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -36,12 +39,18 @@ from tests.integration.stack import Stack, wait_for
 SECRET = "whsec-integration"
 # The stack serves one model, "echo", on one queue shard: its delivery keys.
 STREAM, RETRY, DEAD = keys.webhooks("echo"), keys.webhook_retry("echo"), keys.webhook_dead("echo")
+# The tenant of an open API (no INFERQ_API_KEYS): its counter of unsettled deliveries.
+COUNTER = keys.tenant_webhooks("echo", 0, 1, "")
 # Fast retries; an attempt gives up after 1 s, so a dead API's entry is taken over after 4 s.
+# Every path of the receiver is one target, so its failing paths would open the circuit for
+# the others (as they should: one receiver). These tests count attempts and retries, so the
+# breaker is off here; `test_webhook_fairness` and the unit tests exercise it.
 HOOKS = {
     "webhook_secret": SECRET,
     "webhook_allow": "127.0.0.1",
     "webhook_backoff_s": 0.05,
     "webhook_timeout_s": 1,
+    "webhook_breaker_failures": 1000,
 }
 
 
@@ -145,8 +154,10 @@ def _get(base: str, job_id: str) -> dict:  # type: ignore[type-arg]
 
 
 def _verified(hit: Hit) -> bool:
-    ts = hit.headers["x-inferq-timestamp"]
-    mac = hmac.new(SECRET.encode(), ts.encode() + b"." + hit.body, hashlib.sha256).hexdigest()
+    """The recipe of docs/api.md: HMAC over `<timestamp>.<delivery id>.<body>`."""
+    ts, delivery = hit.headers["x-inferq-timestamp"], hit.headers["x-inferq-delivery"]
+    signed = f"{ts}.{delivery}.".encode() + hit.body
+    mac = hmac.new(SECRET.encode(), signed, hashlib.sha256).hexdigest()
     return hmac.compare_digest(hit.headers["x-inferq-signature"], f"sha256={mac}")
 
 
@@ -188,6 +199,7 @@ def test_retried_until_delivered_once_signed_and_equal_to_get(
     assert view["status"] == "succeeded" and json.loads(hits[-1].body) == view
     assert _deliveries(base) == {"delivered": 1.0, "retried": 2.0}
     assert _health_hooks(base) == {"queued": 0, "retrying": 0, "dead": 0}
+    assert int(stack.r.get(COUNTER) or 0) == 0  # FINISH counted it up, the delivery down
 
 
 def test_cancelled_job_is_delivered_and_internal_targets_are_refused(
@@ -233,7 +245,7 @@ def test_deliveries_survive_an_api_killed_mid_delivery(stack: Stack, receiver: R
     pending = stack.r.xpending_range(STREAM, keys.WEBHOOK_GROUP, "-", "+", 10)
     in_flight = [stack.r.xrange(STREAM, p["message_id"], p["message_id"]) for p in pending]
     # The held delivery is in the dead consumer's pending list: only a take-over can finish it.
-    assert [{b"job": held.encode()}] in [_fields(e) for e in in_flight]
+    assert held.encode() in [f.get(b"job") for e in in_flight for f in _fields(e)]
     receiver.failing = False
     receiver.release.set()
     stack.api(**HOOKS)
@@ -263,6 +275,7 @@ def test_dead_letters_after_max_age_and_on_refusal(stack: Stack, receiver: Recei
     assert json.loads(record.body) == _get(base, failing)  # kept for a replay
     assert _deliveries(base) == {"dead": 2.0, "retried": float(len(attempts) - 1)}
     assert _settled(stack)
+    assert int(stack.r.get(COUNTER) or 0) == 0  # dead is settled for good too
 
 
 # --- the scripts and the take-over cap, in process ------------------------------------------------
@@ -306,6 +319,104 @@ async def test_settle_only_by_the_consumer_that_holds_the_entry(redis: Redis) ->
     assert await settle(keys=script_keys, args=args) == 1
     assert await redis.xlen(DEAD) == 1 and await redis.xlen(stream) == 0
     assert (await redis.xpending(stream, group))["pending"] == 0
+
+
+async def test_settle_counts_the_tenant_down_when_settled_for_good_only(redis: Redis) -> None:
+    """Done or dead: one down (never below 0, never created); a retry (or a deferral): not."""
+    stream, group, counter = STREAM, keys.WEBHOOK_GROUP, keys.tenant_webhooks("echo", 0, 1, "acme")
+    settle = redis.register_script(lua.source(SETTLE))
+    await redis.set(counter, 2)
+
+    async def settled(mode: str, *args: bytes | str | int, tenant_key: bool = True) -> int:
+        await redis.xadd(stream, {"job": "j"})
+        entry_id = _first_id(await redis.xreadgroup(group, "me", {stream: ">"}, count=1))
+        script_keys = [stream, RETRY, DEAD] + ([counter] if tenant_key else [])
+        assert await settle(keys=script_keys, args=[group, "me", entry_id, mode, *args]) == 1
+        return int(await redis.get(counter) or -1)
+
+    assert await settled("retry", 10, b"r1") == 2
+    assert await settled("done") == 1
+    assert await settled("retry", 10, b"r2", tenant_key=False) == 1
+    assert await settled("dead", 100, "j", b"r", "HTTP 410") == 0
+    assert await settled("done") == 0  # floor: a spare settle never goes negative
+    await redis.delete(counter)
+    assert await settled("dead", 100, "j", b"r", "HTTP 410") == -1  # and creates nothing
+    assert await redis.zcard(RETRY) == 2 and await redis.xlen(DEAD) == 2
+
+
+async def test_a_delivery_needs_no_job_record(redis: Redis, redis_url: str) -> None:
+    """FINISH queues the final record with the delivery: the job record may be long gone
+    (INFERQ_RESULT_TTL_S) by the first attempt, and the receiver still gets the job."""
+    settings = Settings(model="echo", webhook_secret=SECRET, webhook_allow="127.0.0.1")
+    queue = JobQueue(redis, result_ttl_s=60)
+    job = Job(
+        id="gone",
+        model="echo",
+        inputs=["x"],
+        tenant="acme",
+        webhook={"url": "http://127.0.0.1:9/h"},
+    )
+    await queue.submit(job)
+    final = encode_final(Status.CANCELLED, finished_ms=1, error=JobError(ErrorCode.CANCELLED, "c"))
+    await queue.cancel(job, final, only_if_queued=False)  # FINISH: the entry, counted up
+    counter = keys.tenant_webhooks("echo", 0, 1, "acme")
+    assert await redis.get(counter) == b"1"
+    await redis.delete(keys.job(job.id))  # expired
+    bodies: list[dict[str, Any]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(204)
+
+    poster = Poster(settings, transport=httpx.MockTransport(answer))
+    blocking = pubsub_client(redis_url, connect_timeout_s=2)
+    dispatcher = Dispatcher(settings, queue, blocking, api_metrics(), poster=poster)
+    dispatcher.start()
+    try:
+        await asyncio.wait_for(_until(lambda: _zero(redis.xlen(STREAM))), 10)
+    finally:
+        await dispatcher.stop()
+    [body] = bodies
+    assert body["id"] == "gone" and body["status"] == "cancelled"
+    assert body["error"]["code"] == "cancelled" and await redis.xlen(DEAD) == 0
+    assert await redis.get(counter) == b"0"
+
+
+async def test_the_retry_window_starts_at_the_first_attempt(redis: Redis, redis_url: str) -> None:
+    """A job that ended two days before its delivery's first attempt (a backlog, an outage)
+    still gets INFERQ_WEBHOOK_MAX_AGE_S of retries, counted from that first attempt."""
+    settings = Settings(model="echo", webhook_secret=SECRET, webhook_max_age_s=60)
+    now = int(time.time() * 1000)
+    job = Job(id="late", model="echo", inputs=["x"], status=Status.SUCCEEDED, finished_ms=now)
+    d = Delivery.of(job, "1-0", "https://8.8.8.8/h")
+    late = Delivery(**{**_as_fields(d), "ended_ms": now - 2 * 86_400_000, "first_ms": now})
+    await redis.xadd(STREAM, {"delivery": late.pack()})
+    poster = Poster(settings, transport=httpx.MockTransport(lambda _: httpx.Response(503)))
+    blocking = pubsub_client(redis_url, connect_timeout_s=2)
+    dispatcher = Dispatcher(
+        settings,
+        queue=JobQueue(redis, result_ttl_s=60),
+        blocking=blocking,
+        metrics=api_metrics(),
+        poster=poster,
+    )
+    dispatcher.start()
+    try:
+        await asyncio.wait_for(_until(lambda: _zero(redis.xlen(STREAM))), 10)
+    finally:
+        await dispatcher.stop()
+    assert await redis.xlen(DEAD) == 0
+    [record] = await redis.zrange(RETRY, 0, -1)
+    again = Delivery.unpack(record)
+    assert again.attempts == 1 and again.first_ms == now and again.error == "HTTP 503"
+
+
+def _as_fields(d: Delivery) -> dict[str, Any]:
+    return {name: getattr(d, name) for name in d.__slots__}  # type: ignore[attr-defined]
+
+
+async def _zero(n: Awaitable[int]) -> int:
+    return int(await n == 0)
 
 
 async def test_an_entry_taken_over_too_often_is_dead_lettered_unattempted(

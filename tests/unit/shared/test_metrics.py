@@ -27,6 +27,7 @@ API = {
     "inferq_batch_lines": ("counter", {"result"}),
     "inferq_redis_memory_ratio": ("gauge", set()),
     "inferq_background_errors": ("counter", {"loop"}),
+    "inferq_webhook_deferrals": ("counter", {"why"}),
 }
 WORKER = {
     "inferq_jobs_finished": ("counter", {"model", "status"}),
@@ -54,6 +55,7 @@ API_EXPOSED = frozenset(
         "inferq_batch_lines_total",
         "inferq_redis_memory_ratio",
         "inferq_background_errors_total",
+        "inferq_webhook_deferrals_total",
     }
 )
 WORKER_EXPOSED = frozenset({
@@ -83,6 +85,7 @@ def _observe_everything() -> tuple[CollectorRegistry, CollectorRegistry]:
     a.batch_lines.labels(result="succeeded").inc(3)
     a.redis_memory_ratio.set(0.5)
     a.background_errors.labels(loop="batch_leases").inc()
+    a.webhook_deferrals.labels(why="open").inc()
     w.jobs_finished.labels(model="echo", status="succeeded").inc()
     w.job_queue_seconds.labels(model="echo").observe(0.01)
     w.job_latency_seconds.labels(model="echo").observe(0.02)

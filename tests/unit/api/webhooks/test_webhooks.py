@@ -10,6 +10,7 @@ import ipaddress
 import itertools
 import json
 import random
+import re
 import socket
 from typing import Any
 
@@ -61,17 +62,32 @@ async def _no_lookup(host: str, port: int) -> list[str]:
 # --- signature ----------------------------------------------------------------------------------
 
 
-def test_signature_is_hmac_sha256_of_timestamp_dot_body() -> None:
-    body, ts = b'{"id":"j1","status":"succeeded"}', 1_700_000_000
-    sig = webhooks.sign(SECRET.encode(), ts, body)
-    expected = hmac.new(SECRET.encode(), b"1700000000." + body, hashlib.sha256).hexdigest()
+def test_signature_is_hmac_sha256_of_timestamp_delivery_and_body() -> None:
+    body, ts, key = b'{"id":"j1","status":"succeeded"}', 1_700_000_000, SECRET.encode()
+    sig = webhooks.sign(key, ts, "d-1", body)
+    expected = hmac.new(key, b"1700000000.d-1." + body, hashlib.sha256).hexdigest()
     assert sig == f"sha256={expected}" and len(expected) == 64
-    assert webhooks.sign(SECRET.encode(), ts + 1, body) != sig  # the timestamp is signed
-    assert webhooks.sign(SECRET.encode(), ts, body + b" ") != sig  # and every body byte
-    assert webhooks.sign(b"other", ts, body) != sig
-    h = webhooks.headers(SECRET.encode(), "d-1", body, ts)
+    assert webhooks.sign(key, ts + 1, "d-1", body) != sig  # the timestamp is signed
+    assert webhooks.sign(key, ts, "d-1", body + b" ") != sig  # and every body byte
+    assert webhooks.sign(b"other", ts, "d-1", body) != sig
+    h = webhooks.headers(key, "d-1", body, ts)
     assert h["X-Inferq-Signature"] == sig and h["X-Inferq-Timestamp"] == "1700000000"
     assert h["X-Inferq-Delivery"] == "d-1" and h["Content-Type"] == "application/json"
+
+
+def test_a_captured_attempt_replayed_under_a_fresh_delivery_id_fails_verification() -> None:
+    """The delivery id is signed: a replay with a new X-Inferq-Delivery (to get past the
+    receiver's de-duplication) inside its timestamp window does not verify."""
+    body, ts, key = b'{"id":"j1"}', 1_700_000_000, SECRET.encode()
+    captured = webhooks.headers(key, "d-1", body, ts)
+    replayed = captured | {"X-Inferq-Delivery": "d-2"}
+
+    def verifies(h: dict[str, str]) -> bool:  # the recipe of docs/api.md
+        message = f"{h['X-Inferq-Timestamp']}.{h['X-Inferq-Delivery']}.".encode() + body
+        mac = hmac.new(key, message, hashlib.sha256).hexdigest()
+        return hmac.compare_digest(h["X-Inferq-Signature"], f"sha256={mac}")
+
+    assert verifies(captured) and not verifies(replayed)
 
 
 def test_signing_key_tenant_first_then_global() -> None:
@@ -124,6 +140,14 @@ def test_delivery_ids_are_stable_and_distinct() -> None:
         ("::ffff:10.0.0.1", "private"),  # IPv4-mapped: judged by the IPv4 address
         ("::ffff:127.0.0.1", "loopback"),
         ("64:ff9b::a9fe:a9fe", "metadata"),  # NAT64 of 169.254.169.254
+        ("2002:a00:1::1", "6to4 address carrying a private"),  # 6to4 of 10.0.0.1
+        ("2002:7f00:1::", "6to4 address carrying a loopback"),  # 6to4 of 127.0.0.1
+        ("2002:a9fe:a9fe::1", "6to4 address carrying the cloud metadata"),
+        # Teredo: server 65.54.227.120 (public), client 10.0.0.1 (stored inverted)
+        ("2001:0:4136:e378:8000:63bf:f5ff:fffe", "Teredo address carrying a private"),
+        ("2001:0:a00:1::", "Teredo address carrying a private"),  # server 10.0.0.1
+        ("fec0::1", "site-local"),
+        ("fefe:1::5", "site-local"),
     ],
 )
 def test_non_public_addresses_are_refused_and_named(address: str, rule: str) -> None:
@@ -140,6 +164,7 @@ def test_non_public_addresses_are_refused_and_named(address: str, rule: str) -> 
         "2001:4860:4860::8888",
         "::ffff:8.8.8.8",
         "64:ff9b::808:808",
+        "2002:808:808::1",  # 6to4 of 8.8.8.8: a route to a public host
     ],
 )
 def test_public_addresses_pass(address: str) -> None:
@@ -189,9 +214,7 @@ async def test_check_resolves_names_and_every_address_must_pass() -> None:
     none = ssrf.Allow()
     target = await ssrf.check("https://public.example/hook", none, resolve)
     assert target.address == "93.184.216.34"
-    with pytest.raises(
-        ssrf.WebhookRefused, match=r"mixed\.example resolves to 10\.0\.0\.5, a private"
-    ):
+    with pytest.raises(ssrf.WebhookRefused, match=r"mixed\.example resolves to a private"):
         await ssrf.check("https://mixed.example/", none, resolve)
     with pytest.raises(ssrf.WebhookRefused, match="loopback"):
         await ssrf.check("http://localhost:8000/", none, resolve)
@@ -213,6 +236,90 @@ async def test_check_resolves_names_and_every_address_must_pass() -> None:
 async def test_check_refuses_bad_urls(url: str, rule: str) -> None:
     with pytest.raises(ssrf.WebhookRefused, match=rule):
         await ssrf.check(url, ssrf.Allow(), _no_lookup)
+
+
+async def test_a_refusal_names_the_rule_never_the_address_a_name_resolves_to(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Otherwise any caller could read our internal DNS through 422 messages. The address
+    stays in a DEBUG log line on our side."""
+    resolve = _resolver({"x.example": ["10.0.0.5"], "y.example": ["fd00::5"]})
+    caplog.set_level("DEBUG", logger="inferq.api.webhooks")
+    for host, address, rule in [
+        ("x.example", "10.0.0.5", "private"),
+        ("y.example", "fd00::5", "private"),
+    ]:
+        with pytest.raises(ssrf.WebhookRefused) as e:
+            await ssrf.check(f"https://{host}/h", ssrf.Allow(), resolve)
+        message = str(e.value)
+        assert message == (
+            f"webhook host {host} resolves to a {rule} address; allow it with INFERQ_WEBHOOK_ALLOW"
+        )
+        assert address not in message
+        assert address in caplog.text  # for the operator
+    keyed = _settings(webhook_secret=SECRET)
+    with pytest.raises(InputInvalid) as e:
+        await webhooks.submit_target(keyed, "", "https://x.example/h", resolve)
+    assert "10.0.0.5" not in str(e.value) and "private address" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("host", "problem"),
+    [
+        ("a..b", "an empty label"),
+        ("." + "a" * 10, "an empty label"),
+        ("a" * 64 + ".example", "a label longer than 63 characters"),
+        (".".join(["a" * 60] * 5), "longer than 253 characters"),
+    ],
+)
+async def test_a_host_that_is_no_dns_name_is_refused_before_any_lookup(
+    host: str, problem: str
+) -> None:
+    """httpx accepts these; the system resolver's IDNA step raised UnicodeError (a 500)."""
+    with pytest.raises(ssrf.WebhookRefused, match=f"not a valid host name: {problem}"):
+        await ssrf.check(f"https://{host}/h", ssrf.Allow(), _no_lookup)
+    keyed = _settings(webhook_secret=SECRET)
+    with pytest.raises(InputInvalid, match=f"webhook host {re.escape(host)} is not a valid"):
+        await webhooks.submit_target(keyed, "", f"https://{host}/h")  # the system resolver
+    rec = Recorder()  # at delivery (a job queued before this check existed): a dead letter
+    poster = Poster(keyed, resolve=_no_lookup, transport=httpx.MockTransport(rec))
+    out = await poster.attempt(Delivery.of(_job(), "5-0", f"https://{host}/h"))
+    assert out.kind == "dead" and problem in out.reason and rec.requests == []
+    await poster.aclose()
+    assert await ssrf.check(
+        "https://example.com./h", ssrf.Allow(), _resolver({"example.com.": ["8.8.8.8"]})
+    )
+
+
+async def test_a_resolver_value_error_is_a_refusal_not_a_crash() -> None:
+    """Whatever ValueError a resolver raises (UnicodeError from IDNA, say) is final: 422 at
+    submit, a dead letter at delivery."""
+
+    async def idna_fails(host: str, port: int) -> list[str]:
+        raise UnicodeError("encoding with 'idna' codec failed (UnicodeError: label too long)")
+
+    async def garbage(host: str, port: int) -> list[str]:
+        return ["not-an-address"]
+
+    keyed = _settings(webhook_secret=SECRET)
+    for resolve in (idna_fails, garbage):
+        with pytest.raises(InputInvalid, match=r"webhook host x\.example"):
+            await webhooks.submit_target(keyed, "", "https://x.example/h", resolve)
+        rec = Recorder()
+        poster = Poster(keyed, resolve=resolve, transport=httpx.MockTransport(rec))
+        out = await poster.attempt(Delivery.of(_job(), "5-0", "https://x.example/h"))
+        assert out.kind == "dead" and "x.example" in out.reason and rec.requests == []
+        await poster.aclose()
+
+
+def test_a_webhook_host_that_is_no_dns_name_is_a_422_at_submit(make_app: MakeApp) -> None:
+    app = make_app(webhook_secret=SECRET)
+    for host in ("a..b", "a" * 64 + ".example"):
+        body = {"input": "hi", "webhook": {"url": f"https://{host}/hook"}}
+        r = app.client.post("/v1/jobs", json=body)
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["code"] == "invalid_input"
+        assert "is not a valid host name" in r.json()["error"]["message"]
 
 
 def test_target_pins_the_checked_address() -> None:
@@ -359,7 +466,8 @@ async def test_attempt_signs_and_posts_to_the_checked_address() -> None:
     assert req.extensions["sni_hostname"] == "hooks.example"
     assert req.content == d.body and req.headers["content-type"] == "application/json"
     ts = req.headers["x-inferq-timestamp"]
-    mac = hmac.new(b"acme-key", ts.encode() + b"." + d.body, hashlib.sha256).hexdigest()
+    signed = f"{ts}.{d.id}.".encode() + d.body
+    mac = hmac.new(b"acme-key", signed, hashlib.sha256).hexdigest()
     assert hmac.compare_digest(req.headers["x-inferq-signature"], f"sha256={mac}")  # tenant's key
     assert req.headers["x-inferq-delivery"] == d.id
     await poster.aclose()
@@ -409,7 +517,8 @@ def test_each_shard_keeps_its_delivery_keys_in_one_slot() -> None:
     shards = webhook_scripts.shards_of(["echo", "other"], 4)
     assert len(shards) == 8 and len({s.stream for s in shards}) == 8
     for shard in shards:  # what lets SETTLE and PROMOTE run on a cluster
-        assert len({key_slot(k.encode()) for k in (shard.stream, shard.retry, shard.dead)}) == 1
+        names = (shard.stream, shard.retry, shard.dead, shard.tenant_webhooks("acme"))
+        assert len({key_slot(k.encode()) for k in names}) == 1
 
 
 @pytest.mark.parametrize("cluster", [False, True])
@@ -442,7 +551,9 @@ async def test_a_dispatcher_delivers_from_every_shard(
     async def settle(keys: list[str], args: list[object]) -> int:  # SETTLE's "done", in Python
         stream, (group, _, entry_id, mode) = keys[0], args[:4]
         (shard,) = [s for s in shards if s.stream == stream]
-        assert keys == [shard.stream, shard.retry, shard.dead] and mode == "done"
+        # Settled for good: the tenant's counter of unsettled deliveries, on the same shard.
+        assert keys == [shard.stream, shard.retry, shard.dead, shard.tenant_webhooks("")]
+        assert mode == "done"
         await redis.xack(stream, str(group), str(entry_id))
         await redis.xdel(stream, str(entry_id))
         settled.append((stream, str(entry_id)))
