@@ -12,7 +12,7 @@ import httpx
 
 from inferq.redis_server import free_port
 from tests.integration.stack import Stack, wait_for
-from tests.unit.test_metrics import API_EXPOSED, WORKER_EXPOSED
+from tests.unit.shared.test_metrics import API_EXPOSED, WORKER_EXPOSED
 
 HEARTBEAT_FIELDS = {
     "id", "host", "pid", "model", "device", "token_ceiling", "items_per_s",
