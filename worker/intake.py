@@ -24,10 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferq.shared import keys
 from inferq.shared.jobs import ErrorCode, Job, JobError, Status
 from inferq.shared.queue import Entry, JobQueue
 from inferq.shared.registry import WorkerRegistry
+from inferq.shared.schema import LANES
 from inferq.shared.settings import Settings
 from inferq.worker.clock import Clock
 from inferq.worker.models.base import (
@@ -114,10 +114,15 @@ class Intake:
             if taken:
                 self.taken_over += len(taken)
                 return taken
-        entries = await self._read(room)
-        if self._pending and not entries:
-            self._pending = False  # our PEL is empty: from now on, new entries
-        return [e for e in entries if not known(e.job_id)]
+        fresh = [e for e in await self._read(room) if not known(e.job_id)]
+        if not self._pending:
+            return fresh
+        if not fresh:
+            # Our PEL holds nothing we do not hold already: from now on, new entries. (What
+            # we hold stays in it until acked: waiting for an empty read would re-read it,
+            # without blocking, in a hot loop until every held job had finished.)
+            self._pending = False
+        return fresh[:room]  # the rest stays in our PEL for the next read
 
     async def _read(self, room: int) -> list[Entry]:
         count = min(room, self.settings.max_batch_size)
@@ -126,12 +131,16 @@ class Intake:
         turn = self._reads % len(self._groups)
         groups = self._groups[turn:] + self._groups[:turn]
         if self._pending:
+            # The whole PEL in one read (what we may hold, plus a read whose reply was lost),
+            # so the entries we hold cannot hide one we do not; anything past it sits idle,
+            # and the take-over's visibility timeout claims it.
+            whole = self.settings.prefetch_limit + count
             got: list[Entry] = []
             for g in groups:
                 got += await read(
                     self.model_name,
                     self.consumer,
-                    count=count,
+                    count=whole,
                     block_ms=None,
                     pending=True,
                     shards=g,
@@ -146,7 +155,7 @@ class Intake:
     async def _read_backlog(self, groups: list[tuple[int, ...]], count: int) -> list[Entry]:
         """With a backlog: lane by lane in priority order, without blocking, up to `count`."""
         got: list[Entry] = []
-        for lane in lane_order(self._reads, keys.LANES):
+        for lane in lane_order(self._reads, LANES):
             for g in groups:
                 got += await self.queue.read(
                     self.model_name,

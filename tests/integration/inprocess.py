@@ -98,9 +98,14 @@ class InProcess:
         **settings: Any,
     ) -> None:
         defaults = dict(
-            redis_url=worker_url or url, model="echo", device="cpu", read_block_ms=100, heartbeat_s=0.2,
-            worker_id="inproc", max_wait_ms=0,
-        )  # fmt: skip
+            redis_url=worker_url or url,
+            model="echo",
+            device="cpu",
+            read_block_ms=100,
+            heartbeat_s=0.2,
+            worker_id="inproc",
+            max_wait_ms=0,
+        )
         self.settings = Settings(_env_file=None, **(defaults | settings))  # type: ignore[arg-type]
         self.model = model
         self.clock = clock
@@ -115,9 +120,13 @@ class InProcess:
     ) -> str:
         """A job as the API would submit it; `attempts` > 0 makes it a suspect."""
         job = Job(
-            id=new_job_id("echo"), model="echo", inputs=list(texts), priority=priority,
-            attempts=attempts, deadline_ms=deadline_ms,
-        )  # fmt: skip
+            id=new_job_id("echo"),
+            model="echo",
+            inputs=list(texts),
+            priority=priority,
+            attempts=attempts,
+            deadline_ms=deadline_ms,
+        )
         assert (await self.queue.submit(job)).outcome == "created"
         return job.id
 

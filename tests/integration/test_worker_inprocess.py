@@ -3,6 +3,8 @@ steerable models, a fake clock and a cuttable proxy: each behaviour in seconds."
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -238,3 +240,32 @@ async def test_a_deadline_that_passes_on_the_fake_clock_expires_a_held_job(inpro
     assert job.error.code == ErrorCode.EXPIRED
     assert (await w.final(busy)).status is Status.SUCCEEDED
     assert w.model.ran("never runs") == []
+
+
+async def test_a_restarted_worker_reads_new_jobs_while_it_holds_its_old_pending_list(
+    inproc: Any,
+) -> None:
+    """A worker that crashed leaves its entries in its pending list; restarted under the same
+    name it takes them back first. Those entries stay there until their jobs finish, so its
+    next read must be of new entries: it used to re-read the pending list, without blocking,
+    until every old job had finished, and read nothing new in the meantime."""
+    first = Recorder()
+    first.gate.clear()
+    w1 = inproc(first, max_batch_size=1, prefetch_items=10)
+    old = [await w1.submit(f"old {i}") for i in range(3)]
+    crashed = await w1.start()
+    await until(lambda: crashed.book.held_items() == 3, 10, "three jobs held")
+    w1.task.cancel()  # a crash: no drain, no hand-back; the entries stay in its pending list
+    with contextlib.suppress(asyncio.CancelledError):
+        await w1.task
+    model = Recorder()
+    model.gate.clear()  # the old jobs stay held by the restarted worker
+    w2 = inproc(model, max_batch_size=1, prefetch_items=10)
+    worker = await w2.start()
+    await until(lambda: all(worker.book.knows(j) for j in old), 10, "the old jobs taken back")
+    new = await w2.submit("new")
+    await until(lambda: worker.book.knows(new), 10, "the new job read beside them")
+    model.gate.set()
+    first.gate.set()
+    for j in [*old, new]:
+        assert (await w2.final(j)).status is Status.SUCCEEDED

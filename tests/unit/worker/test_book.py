@@ -1,24 +1,17 @@
-"""The book (each held job gets exactly one outcome) and the outbox (results kept while Redis
-is down, posted in one call when it is back), with plain objects: a fake queue, a fake
-clock, the real scheduler."""
+"""The book: each held job gets exactly one outcome (a result, a failure, an expiry) or leaves
+without one (cancelled elsewhere, lost to another worker, handed back). Plain objects: an
+outbox that records, a fake clock, the real scheduler."""
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 import msgpack
 import numpy as np
-import pytest
 
-from inferq.shared.errors import QueueUnavailable
 from inferq.shared.jobs import ErrorCode, Job, JobError, Status, decode_outputs
 from inferq.shared.queue import Entry, Final
 from inferq.shared.schema import JobField
 from inferq.shared.settings import Settings
-from inferq.worker import outbox as outbox_module
-from inferq.worker.book import Book
-from inferq.worker.outbox import Outbox
+from inferq.worker.book import Book, job_outputs
 from inferq.worker.policy.batcher import Item
 from inferq.worker.policy.ceiling import LiveCeiling
 from inferq.worker.policy.scheduler import Scheduler
@@ -38,27 +31,6 @@ class Clock:
         return int(self.t * 1000)
 
 
-class FakeQueue:
-    """`finish` and `ack` as the outbox calls them; down for the first `down` calls."""
-
-    def __init__(self, down: int = 0) -> None:
-        self.down = down
-        self.calls: list[list[str]] = []  # job ids per successful finish call
-        self.acked: list[str] = []
-        self.failed = 0
-
-    async def finish(self, finals: list[Final]) -> list[int]:
-        if self.down:
-            self.down -= 1
-            self.failed += 1
-            raise QueueUnavailable("redis unavailable: connection refused")
-        self.calls.append([f.job_id for f in finals])
-        return [1] * len(finals)
-
-    async def ack(self, entries: list[Entry]) -> None:
-        self.acked += [e.entry_id for e in entries]
-
-
 class Posted:
     """The outbox as the book sees it: what was posted and acked, in order."""
 
@@ -69,6 +41,7 @@ class Posted:
 
     def post(self, final: Final) -> None:
         self.finals.append(final)
+        self.posting.add(final.job_id)  # as the outbox does, until the write lands
 
     def ack(self, entry: Entry) -> None:
         self.acks.append(entry)
@@ -108,7 +81,30 @@ def test_a_job_gets_one_outcome_when_its_last_row_arrives() -> None:
     assert final.tenant == "t" and final.entry_id == "1-a"
     outputs = decode_outputs(msgpack.unpackb(final.fields[JobField.OUTPUTS], raw=False))
     assert np.array_equal(outputs, rows)
-    assert not book.knows("a") and book.held_items() == 0
+    assert book.held_items() == 0 and book.held_entries() == {}
+    # Final but not yet written: a redelivery of its entry must not be admitted again.
+    assert book.knows("a")
+    posted.posting.discard("a")  # written
+    assert not book.knows("a")
+
+
+def test_a_job_with_no_items_is_final_at_once_and_never_held() -> None:
+    book, posted, scheduler, _ = _book()
+    empty = _state("empty", 0)
+    book.hold(empty, [])
+    assert [f.job_id for f in posted.finals] == ["empty"] and empty.final_status is Status.SUCCEEDED
+    assert book.jobs == {} and scheduler.next(0.0, running=0).batch is None
+
+
+def test_outputs_are_one_array_only_for_float_vectors_of_one_width() -> None:
+    same = [np.ones(3, dtype=np.float64), np.zeros(3, dtype=np.float64)]
+    stacked = job_outputs(same)
+    assert isinstance(stacked, np.ndarray) and stacked.shape == (2, 3)
+    assert stacked.dtype == np.float32
+    ragged = job_outputs([np.ones(3), np.ones(2)])
+    assert isinstance(ragged, list) and [len(r) for r in ragged] == [3, 2]
+    labels = job_outputs([np.array([1, 2]), "cat"])  # ints and text stay plain values
+    assert labels == [[1, 2], "cat"]
 
 
 def test_a_failed_item_fails_its_job_once_and_its_other_items_never_run() -> None:
@@ -147,34 +143,3 @@ def test_expiry_cancel_loss_and_release_each_end_a_job_their_own_way() -> None:
     book.release([back])  # handed back to the queue: held no more, nothing written
     assert [f.job_id for f in posted.finals] == ["late"] and book.jobs == {}
     assert scheduler.next(0.0, running=0).batch is None  # none of them runs now
-
-
-async def test_the_outbox_keeps_results_while_redis_is_down_and_posts_them_after(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    sleeps: list[float] = []
-    real_sleep = asyncio.sleep
-
-    async def no_wait(delay: float, *args: Any) -> None:  # the backoff, without the wait
-        sleeps.append(delay)
-        await real_sleep(0)
-
-    monkeypatch.setattr(outbox_module.asyncio, "sleep", no_wait)
-    queue = FakeQueue(down=3)
-    box = Outbox(queue)  # type: ignore[arg-type]
-    task = asyncio.create_task(box.run())
-    try:
-        finals = [Final("m", "s", f"1-{i}", f"j{i}", {}) for i in range(3)]
-        for f in finals:
-            box.post(f)
-        box.ack(Entry("s", "1-stale", "old"))
-        assert box.posting == {"j0", "j1", "j2"}
-        await asyncio.wait_for(box.drained(), 5)
-        assert queue.failed == 3 and sleeps[:3] == sorted(sleeps[:3])  # backed off, growing
-        assert queue.calls == [["j0", "j1", "j2"]]  # kept, then posted together, in order
-        assert queue.acked == ["1-stale"]
-        assert box.posting == set() and box.pending == 0 and box.unavailable_since is None
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
