@@ -60,7 +60,7 @@ bench: install bench-infinity
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy api worker shared inferq bench
+	$(VENV)/bin/mypy api worker shared inferq bench client
 
 format: install
 	$(VENV)/bin/ruff format .

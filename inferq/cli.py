@@ -130,6 +130,58 @@ def worker(model: ModelOpt = None) -> None:
     raise typer.Exit(worker_main(_settings(), model))
 
 
+Url = Annotated[str, typer.Option(help="The API's base URL.")]
+# The key comes from the option or the environment (envvar below), never a settings field:
+# a client is not a server process, and a key in argv would show in `ps`.
+KeyOpt = Annotated[
+    str | None,
+    typer.Option("--api-key", envvar="INFERQ_CLIENT_KEY", help="Bearer key (or the env var)."),
+]
+
+
+@app.command()
+def submit(
+    texts: Annotated[list[str], typer.Argument(help="One input per argument.")],
+    url: Url = "http://127.0.0.1:8000",
+    api_key: KeyOpt = None,
+    model: ModelOpt = None,
+    priority: Annotated[str | None, typer.Option(help="high, normal or low.")] = None,
+    timeout_s: Annotated[float | None, typer.Option(help="The job's deadline, s.")] = None,
+    wait: Annotated[bool, typer.Option(help="Wait for the result and print it.")] = False,
+    idempotency_key: Annotated[str | None, typer.Option(help="Same key, same job.")] = None,
+) -> None:
+    """Submit a job to a running API (with retries on 429/503) and print it as JSON."""
+    from inferq.client.cli import submit_command
+
+    if priority not in (None, "high", "normal", "low"):
+        raise typer.BadParameter("high, normal or low", param_hint="--priority")
+    raise typer.Exit(
+        submit_command(
+            texts,
+            url=url,
+            api_key=api_key,
+            model=model,
+            priority=priority,  # type: ignore[arg-type]
+            timeout_s=timeout_s,
+            wait=wait,
+            idempotency_key=idempotency_key,
+        )
+    )
+
+
+@app.command()
+def get(
+    job_id: Annotated[str, typer.Argument(help="The job's id.")],
+    url: Url = "http://127.0.0.1:8000",
+    api_key: KeyOpt = None,
+    wait_s: Annotated[float, typer.Option(help="Long-poll up to this long for it to end.")] = 0.0,
+) -> None:
+    """Print a job of a running API as JSON."""
+    from inferq.client.cli import get_command
+
+    raise typer.Exit(get_command(job_id, url=url, api_key=api_key, wait_s=wait_s))
+
+
 def _ints(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None

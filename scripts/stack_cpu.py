@@ -82,7 +82,7 @@ def measure(run: systems.Running, ready: inputs.Inputs, clients: int, seconds: f
 
 def start(system: str, log_dir: Path, model: str, env: dict[str, str]) -> systems.Running:
     if system == "inferq":
-        return systems.inferq(log_dir, "cpu", "torch", env, model=model)
+        return systems.inferq(log_dir, "cpu", "auto", env, model=model)  # as `inferq up` runs
     return systems.floor(log_dir, system, env)
 
 

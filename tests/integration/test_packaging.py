@@ -342,3 +342,30 @@ def test_the_two_venvs_serve_a_job_together(
         r = httpx.post(f"{base}/v1/infer", json={"input": "from two venvs"}, timeout=30)
         assert r.status_code == 200, r.text
         assert r.json()["status"] == "succeeded", r.text
+
+
+def test_the_client_extra_alone_reaches_a_real_api(
+    wheel: Path, api_venv: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`[client]` in a venv of its own imports `inferq.client` with no server package, and
+    its `inferq get` talks to the api venv's server."""
+    venv = clean_venv(tmp_path_factory.mktemp("venv-client"), [f"{wheel}[client]"])
+    check_imports(
+        venv,
+        ("client",),
+        modules=("inferq.client",),
+        absent=("fastapi", "uvicorn", "torch", "onnxruntime"),
+    )
+    tmp = tmp_path_factory.mktemp("client-run")
+    port, log = free_port(), tmp / "api.log"
+    env = inferq_env(api_venv, tmp, redis_url)
+    with running(api_venv, ["api", "--port", str(port)], env, log) as api:
+        wait_status(f"http://127.0.0.1:{port}/healthz", 200, api, log)
+        out = subprocess.run(
+            [str(venv / "bin" / "inferq"), "get", "nope", "--url", f"http://127.0.0.1:{port}"],
+            env=inferq_env(venv, tmp, redis_url),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 1 and json.loads(out.stderr)["error"]["status"] == 404, out.stderr

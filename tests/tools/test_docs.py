@@ -22,6 +22,8 @@ MAX_README_LINES = 250
 # `INFERQ_*` names the docs may mention that are not settings: the load test's own knobs,
 # read by locustfile.py from the environment (checked below to still be there).
 NOT_SETTINGS = {"INFERQ_LOCUST_MODEL", "INFERQ_LOCUST_API_KEY", "INFERQ_LOCUST_MAX_INPUTS"}
+# ... and the one the `inferq submit` / `inferq get` client commands read (not a server's).
+CLIENT_ENV = {"INFERQ_CLIENT_KEY"}
 
 _FENCE = re.compile(r"^(```|~~~)")
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -114,7 +116,7 @@ def test_every_inferq_name_in_the_docs_is_a_setting() -> None:
         f"{page.relative_to(ROOT)}: {name}"
         for page in PAGES
         for name in _NAME.findall(page.read_text(encoding="utf-8"))
-        if name not in settings and name not in NOT_SETTINGS
+        if name not in settings and name not in NOT_SETTINGS | CLIENT_ENV
     }
     assert not unknown, f"not settings (renamed or removed?): {sorted(unknown)}"
 
@@ -122,11 +124,13 @@ def test_every_inferq_name_in_the_docs_is_a_setting() -> None:
 def test_the_allow_list_names_only_what_the_load_test_reads() -> None:
     locustfile = (ROOT / "locustfile.py").read_text(encoding="utf-8")
     assert all(name in locustfile for name in NOT_SETTINGS)
+    cli = (ROOT / "inferq" / "cli.py").read_text(encoding="utf-8")
+    assert all(name in cli for name in CLIENT_ENV)
 
 
 def _code_folders() -> list[str]:
     """Every folder of package code (a folder holding .py files), relative to the root."""
-    roots = ("api", "worker", "shared", "inferq", "bench")
+    roots = ("api", "worker", "shared", "inferq", "bench", "client")
     return sorted(
         str(d.relative_to(ROOT))
         for r in roots
