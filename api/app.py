@@ -41,6 +41,7 @@ from inferq.api.routes import (
     health,
     jobs,
     observability,
+    oip,
     status,
     usage,
 )
@@ -184,6 +185,9 @@ def _mount(app: FastAPI, settings: Settings) -> None:
     app.include_router(observability.admin, dependencies=admin)
     app.include_router(status.router)
     app.include_router(usage.router)  # its route takes the tenant (`deps.Tenant`)
+    # The Open Inference Protocol (/v2): its routes check the tenant themselves, so a 401
+    # reads in the protocol's error shape; liveness and readiness are open.
+    app.include_router(oip.router)
     # The hot JSON routes skip the router and dependency solving (`routes.fast`); added
     # first, so the body limit below wraps it too.
     app.add_middleware(FastPath)

@@ -6,6 +6,7 @@ POST /v1/files its own, `INFERQ_MAX_BATCH_FILE_BYTES` plus multipart framing.
 
 from __future__ import annotations
 
+import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferq.api.core.views import error_body
@@ -31,6 +32,14 @@ class BodyLimit:
             status_code=413,
         )
 
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = self.reject(self.max_body_bytes)
+        if scope.get("path", "").startswith("/v2/"):
+            # The Open Inference Protocol's error shape is a string: its clients read that.
+            message = orjson.loads(response.body)["error"]["message"]
+            response = FastJSON({"error": message}, status_code=413)
+        await response(scope, receive, send)
+
     def _declared_too_big(self, scope: Scope) -> bool:
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
@@ -45,7 +54,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         if self._declared_too_big(scope):
-            await self.reject(self.max_body_bytes)(scope, receive, send)
+            await self._refuse(scope, receive, send)
             return
         seen = 0
         started = False
@@ -68,7 +77,7 @@ class BodyLimit:
             await self.app(scope, limited_receive, tracking_send)
         except BodyTooLarge:
             if not started:
-                await self.reject(self.max_body_bytes)(scope, receive, send)
+                await self._refuse(scope, receive, send)
 
 
 #: Multipart boundaries, part headers and the purpose field around an uploaded file.

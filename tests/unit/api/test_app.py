@@ -90,3 +90,12 @@ def test_a_json_body_past_the_value_budget_is_refused_before_parsing(make_app: M
     assert r.status_code == 413 and "INFERQ_MAX_JSON_VALUES=1000" in r.json()["error"]["message"]
     r = c.post("/v1/embeddings", json={"input": ["a, b"] * 600})
     assert r.status_code == 413 and r.json()["error"]["code"] == "input_rejected"
+
+
+def test_an_oversized_body_is_refused_in_each_protocols_shape(make_app: MakeApp) -> None:
+    c = make_app(max_body_bytes=100).client
+    big = b'{"input": "' + b"x" * 200 + b'"}'
+    r = c.post("/v1/jobs", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    r = c.post("/v2/models/echo/infer", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "INFERQ_MAX_BODY_BYTES" in r.json()["error"]
