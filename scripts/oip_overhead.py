@@ -62,7 +62,7 @@ def main() -> None:
         cases = bodies()
         lat: dict[str, list[float]] = {k: [] for k in cases}
         with httpx.Client(base_url=base, timeout=10) as c:
-            for name, (path, body, headers) in cases.items():
+            for path, body, headers in cases.values():
                 for _ in range(WARM):
                     assert c.post(path, content=body, headers=headers).status_code == 200
             for _ in range(N):  # interleaved request by request: load drift hits all alike
