@@ -47,6 +47,7 @@ from inferq.shared.jobs import (
     decode_published,
     encode_final,
     encode_submit,
+    input_bytes,
     new_job_id,
     now_ms,
 )
@@ -132,6 +133,7 @@ class JobService:
             raise
         if created:  # an Idempotency-Key repeat returns the first job: not a new submission
             self.metrics.jobs_submitted.labels(model=job.model).inc()
+            self.memory.wrote(sum(input_bytes(v) for v in job.inputs))
         return job
 
     async def _job(self, sub: Submission) -> Job:

@@ -99,6 +99,7 @@ async def upload_file(
         raise InputTooLarge(f"file exceeds INFERQ_MAX_BATCH_FILE_BYTES={limit} bytes")
     check_file_quota(await files.usage(tenant), len(content), settings, tenant)
     rec = await files.create(tenant, filename, purpose, content)
+    jobs.memory.wrote(len(content))
     return FastJSON(rec.view())
 
 
