@@ -9,7 +9,10 @@ to drive down (docs/benchmarks.md, "The CPU budget per request").
 
 Run: .venv/bin/python scripts/stack_cpu.py [--systems inferq,floor-redis,floor-fastapi]
      [--corpus echo,short] [--clients 1,32] [--seconds 8] [--repeat 3] [--env KEY=VALUE ...]
+     [--tree DIR]
 The floors serve the echo corpus only. Prints one Markdown table (medians of --repeat).
+`--tree` runs the servers from another checkout (`git worktree add /tmp/before <commit>`)
+with this venv, so that before and after differ in inferq's own code only.
 """
 
 from __future__ import annotations
@@ -29,6 +32,21 @@ from inferq.bench.stats import percentile
 
 PROCESSES = ("api", "worker", "redis", "load generator")
 WARMUP_S = 1.5
+REPO = Path(__file__).resolve().parents[1]
+# The editable install maps `inferq.*` onto this checkout with a finder that `site` loads
+# before `sitecustomize`; rewriting its mapping there points the servers at another tree.
+SITECUSTOMIZE = """import sys
+for name, module in list(sys.modules.items()):
+    if name.startswith("__editable___inferq"):
+        module.MAPPING.update({{k: v.replace({here!r}, {there!r}, 1) for k, v in module.MAPPING.items()}})
+"""
+
+
+def other_tree(tree: Path, site_dir: Path) -> dict[str, str]:
+    """The servers' environment for running `tree` instead of this checkout."""
+    code = SITECUSTOMIZE.format(here=str(REPO), there=str(tree.resolve()))
+    (site_dir / "sitecustomize.py").write_text(code)
+    return {"PYTHONPATH": str(site_dir)}
 
 
 def cpu_s(pid: int) -> float:
@@ -107,10 +125,17 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for the servers")
+    p.add_argument("--tree", type=Path, help="run the servers from this checkout of inferq")
     args = p.parse_args()
     # `inferq up`'s level: the bench runs the worker at DEBUG to count its batch lines, and a
     # line per batch is CPU per request this figure must not carry.
     env = {"INFERQ_LOG_LEVEL": "INFO"} | dict(kv.split("=", 1) for kv in args.env)
+    site_dir = tempfile.TemporaryDirectory()
+    if args.tree is not None:
+        env |= other_tree(args.tree, Path(site_dir.name))
+        # The servers start with `python -m`, which puts their working directory first on
+        # sys.path: inside this checkout that would import its `inferq/` ahead of the tree.
+        os.chdir(site_dir.name)
     clients = [int(c) for c in args.clients.split(",")]
     print(
         "| system | corpus | clients | req/s | p50 ms | "
