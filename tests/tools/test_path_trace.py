@@ -4,26 +4,12 @@ falls in (the numbers in docs/benchmarks.md's path table come from it)."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 
 from inferq.shared import lua
 from inferq.shared.lua import queue as scripts
+from tests.tools.scripts import load_script
 
-
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "scripts" / "path_trace.py"
-    spec = importlib.util.spec_from_file_location("path_trace", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["path_trace"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-pt = _load()
+pt = load_script("path_trace")
 
 
 def _sha(name: str) -> str:

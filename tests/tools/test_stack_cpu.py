@@ -3,25 +3,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
+from tests.tools.scripts import load_script
 
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "scripts" / "stack_cpu.py"
-    spec = importlib.util.spec_from_file_location("stack_cpu", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["stack_cpu"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-stack_cpu = _load()
+stack_cpu = load_script("stack_cpu")
 
 
 def test_tree_points_the_servers_imports_at_the_other_checkout(tmp_path: Path) -> None:
