@@ -7,6 +7,7 @@ test fails so a broken stack explains itself.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,17 @@ from inferq.redis_server import free_port
 from inferq.shared import keys
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def metric(base: str, name: str, **labels: str) -> float:
+    """The value of `name` with exactly `labels` on the API's /metrics (0 when absent)."""
+    text = httpx.get(f"{base}/metrics", timeout=5).text
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        m = re.match(rf"{name}\{{(.*)\}} (\S+)$", line)
+        if m and ",".join(sorted(m.group(1).split(","))) == want:
+            return float(m.group(2))
+    return 0.0
 
 
 def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.02) -> Any:

@@ -3,29 +3,17 @@ idempotency and cancel-on-disconnect on all three (real API process, real Redis)
 
 from __future__ import annotations
 
-import re
-
 import httpx
 import pytest
 
 from inferq.shared import keys
-from tests.integration.stack import Stack, wait_for
+from tests.integration.stack import Stack, metric, wait_for
 
 ROUTES = {
     "/v1/jobs": lambda text: {"input": text},
     "/v1/infer": lambda text: {"input": text, "wait": 0},
     "/v1/embeddings": lambda text: {"input": text, "wait": 0},
 }
-
-
-def _metric(base: str, name: str, **labels: str) -> float:
-    text = httpx.get(f"{base}/metrics", timeout=5).text
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        m = re.match(rf"{name}\{{(.*)\}} (\S+)$", line)
-        if m and ",".join(sorted(m.group(1).split(","))) == want:
-            return float(m.group(2))
-    return 0.0
 
 
 @pytest.mark.parametrize("path", sorted(ROUTES))
@@ -35,12 +23,12 @@ def test_every_route_counts_submissions_and_refusals_and_answers_429(
     base = stack.api(max_queue=1)  # no worker: the first job stays queued
     body = ROUTES[path]
     assert httpx.post(f"{base}{path}", json=body("first"), timeout=10).status_code == 202
-    assert _metric(base, "inferq_jobs_submitted_total", model="echo") == 1
+    assert metric(base, "inferq_jobs_submitted_total", model="echo") == 1
     r = httpx.post(f"{base}{path}", json=body("second"), timeout=10)
     assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1, r.text
     assert "INFERQ_MAX_QUEUE=1" in r.text
-    assert _metric(base, "inferq_jobs_rejected_total", model="echo", reason="queue_full") == 1
-    assert _metric(base, "inferq_jobs_submitted_total", model="echo") == 1
+    assert metric(base, "inferq_jobs_rejected_total", model="echo", reason="queue_full") == 1
+    assert metric(base, "inferq_jobs_submitted_total", model="echo") == 1
 
 
 @pytest.mark.parametrize("path", sorted(ROUTES))
@@ -68,7 +56,7 @@ def test_a_client_that_leaves_cancels_its_unstarted_job(stack: Stack, path: str)
         return httpx.get(f"{base}/v1/jobs/{job_id}", timeout=5).json()["status"] == "cancelled"
 
     wait_for(cancelled, 10, "the job to be cancelled")
-    assert _metric(base, "inferq_jobs_submitted_total", model="echo") == 1
+    assert metric(base, "inferq_jobs_submitted_total", model="echo") == 1
 
 
 def test_retry_after_is_the_time_for_the_backlog_to_drain(stack: Stack) -> None:

@@ -6,7 +6,6 @@ pipeline's behaviour (admission, idempotency, cancel-on-disconnect) as on /v1/in
 
 from __future__ import annotations
 
-import re
 import struct
 from typing import Any
 
@@ -20,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 from inferq.shared import keys
 from inferq.worker.models.echo import expected_vector
 from tests.fixtures.images import photo
-from tests.integration.stack import Stack, wait_for
+from tests.integration.stack import Stack, metric, wait_for
 
 CATS = {281, 282, 285}  # tabby, tiger cat, Egyptian cat
 EFFICIENTNET: dict[str, Any] = dict(model="efficientnet-lite0", models="efficientnet-lite0")
@@ -245,16 +244,6 @@ def test_binary_framing_and_malformed_bodies(stack: Stack) -> None:
     assert r.status_code == 400 and "JSON" in r.json()["error"]
 
 
-def _metric(base: str, name: str, **labels: str) -> float:
-    text = httpx.get(f"{base}/metrics", timeout=5).text
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        m = re.match(rf"{name}\{{(.*)\}} (\S+)$", line)
-        if m and ",".join(sorted(m.group(1).split(","))) == want:
-            return float(m.group(2))
-    return 0.0
-
-
 def _json_infer(text: str, **parameters: object) -> dict:
     tensor = {"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}
     return {"inputs": [tensor], "parameters": parameters}
@@ -266,8 +255,8 @@ def test_admission_answers_429_with_retry_after_and_is_counted(stack: Stack) -> 
     r = httpx.post(f"{base}/v2/models/echo/infer", json=_json_infer("second"), timeout=10)
     assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1, r.text
     assert "INFERQ_MAX_QUEUE=1" in r.json()["error"]
-    assert _metric(base, "inferq_jobs_rejected_total", model="echo", reason="queue_full") == 1
-    assert _metric(base, "inferq_jobs_submitted_total", model="echo") == 1
+    assert metric(base, "inferq_jobs_rejected_total", model="echo", reason="queue_full") == 1
+    assert metric(base, "inferq_jobs_submitted_total", model="echo") == 1
 
 
 def test_the_wait_and_the_deadline_and_the_idempotency_key(stack: Stack) -> None:
