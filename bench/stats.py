@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# The worker's per-batch DEBUG line (worker/telemetry.py `Telemetry.on_batch`).
+# The worker's per-batch INFO line (worker/telemetry.py `Telemetry.on_batch`).
 BATCH_LINE = re.compile(r"batch items=(\d+) tokens=(\d+)/\d+ run_ms=([\d.]+)")
 
 
@@ -56,7 +56,7 @@ def packed_efficiency(batches: Iterable[Sequence[int]]) -> float:
 
 @dataclass(frozen=True, slots=True)
 class BatchLog:
-    """What the worker's DEBUG batch lines say over a window."""
+    """What the worker's batch lines say over a window."""
 
     batches: int
     items: int

@@ -127,13 +127,13 @@ def inferq(
     model: str = "minilm",
     apis: int = 1,
 ) -> Running:
-    """Redis + one worker + `apis` API processes. The worker logs at DEBUG: its per-batch
-    line is how the bench counts batches and padded tokens."""
+    """Redis + one worker + `apis` API processes. The worker logs at INFO, as `inferq up`
+    runs it: its per-batch INFO line is how the bench counts batches and padded tokens."""
     server = RedisServer(log_dir / f"redis-{model}", appendonly=True)
     server.start()
     run = Running(f"inferq-{model}", Target((), "infer"), 0, redis_server=server)
     try:
-        wenv = inferq_env(server.url, model, device, backend, "DEBUG", extra)
+        wenv = inferq_env(server.url, model, device, backend, "INFO", extra)
         worker = python(f"worker-{model}", ["-m", "inferq.cli", "worker"], wenv, log_dir)
         run.procs.append(worker)
         run.worker, run.mem_pid = worker, worker.pid

@@ -127,8 +127,7 @@ def main() -> None:
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for the servers")
     p.add_argument("--tree", type=Path, help="run the servers from this checkout of inferq")
     args = p.parse_args()
-    # `inferq up`'s level: the bench runs the worker at DEBUG to count its batch lines, and a
-    # line per batch is CPU per request this figure must not carry.
+    # `inferq up`'s level (the bench's too); a DEBUG worker logs more lines a batch.
     env = {"INFERQ_LOG_LEVEL": "INFO"} | dict(kv.split("=", 1) for kv in args.env)
     site_dir = tempfile.TemporaryDirectory()
     if args.tree is not None:
