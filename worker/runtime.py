@@ -66,6 +66,28 @@ log = logging.getLogger("inferq.worker")
 _NOT_FINAL = {pack_field(str(s)) for s in Status if not s.is_final}
 
 
+EXIT_WAIT_S = 5.0  # how long a stopping worker waits for its cancelled loops to end
+
+
+async def ended(tasks: set[asyncio.Task[None]], timeout_s: float) -> None:
+    """Wait for cancelled `tasks` to end, at most `timeout_s`. A loop that swallows its
+    cancellation (a client library turning it into its own error, which the loop then
+    retries) must not keep the worker from exiting; it is named, with where it waits."""
+    done, stuck = await asyncio.wait(tasks, timeout=timeout_s)
+    for t in done:
+        if not t.cancelled():
+            t.exception()  # retrieved: an error here was already raised or logged above
+    for t in stuck:
+        frames = t.get_stack(limit=3)
+        where = "; ".join(f"{f.f_code.co_filename}:{f.f_lineno}" for f in frames)
+        log.error(
+            "worker task %s did not end within %gs of its cancel (at %s)",
+            t.get_name(),
+            timeout_s,
+            where,
+        )
+
+
 class Worker:
     def __init__(
         self,
@@ -202,7 +224,7 @@ class Worker:
             stopping.cancel()
             for t in tasks:
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await ended(tasks, EXIT_WAIT_S)
             with contextlib.suppress(QueueUnavailable):
                 await self.heartbeat.unregister(self.consumer, self.model_name)
             self.intake.shutdown()
