@@ -4,7 +4,9 @@ Text corpora: `{"input": text}` JSON bodies, cost = tokens as minilm counts them
 one multipart upload per image (a `files` part and the `model` form field, what inferq's
 POST /v1/infer and the image seed app both take), cost = the pixels efficientnet-lite0 sees
 (every image is resized and cropped to 224 × 224, so all cost the same and nothing pads).
-`echo`: the `short` texts, cost = words (what the echo model counts).
+`echo`: the `short` texts, cost = words (what the echo model counts). `null` and `null32`:
+the `short` texts for `minilm-null` (minilm's tokenizer and output, no compute), one and 32
+per request: the path's own cost (`scripts/stack_cpu.py`; not a bench corpus).
 """
 
 from __future__ import annotations
@@ -18,12 +20,16 @@ from inferq.bench import corpus
 from inferq.bench.http import Body
 from inferq.bench.multipart import FilePart, encode
 
+# The path-cost corpora: inputs per request.
+NULL_CORPORA = {"null": 1, "null32": 32}
+
 
 @dataclass(frozen=True)
 class Inputs:
     model: str
     bodies: list[Body]
     costs: list[int]  # per body: tokens (text) or pixels (images)
+    items_per_body: int = 1
 
 
 def token_counts(texts: list[str]) -> list[int]:
@@ -46,8 +52,23 @@ def image_bodies(model: str) -> list[Body]:
     return [encode([FilePart(f.name, f.mime, f.data)], {"model": model}) for f in images.load()]
 
 
+def null_inputs(per_body: int) -> Inputs:
+    """The `short` texts for minilm-null, `per_body` to a request (`{"inputs": [...]}`)."""
+    texts = corpus.load("short")
+    tokens = token_counts(texts)
+    bodies, costs = [], []
+    for i in range(0, len(texts) - per_body + 1, per_body):
+        chunk = texts[i : i + per_body]
+        body = {"input": chunk[0]} if per_body == 1 else {"inputs": chunk}
+        bodies.append(Body(orjson.dumps(body)))
+        costs.append(sum(tokens[i : i + per_body]))
+    return Inputs("minilm-null", bodies, costs, per_body)
+
+
 def load(name: str) -> Inputs:
     """The corpus `name`, ready to send."""
+    if name in NULL_CORPORA:
+        return null_inputs(NULL_CORPORA[name])
     model = corpus.model_for(name)
     if name in corpus.IMAGE_CORPORA:
         from inferq.worker.models.efficientnet import PIXELS

@@ -8,9 +8,12 @@ window. CPU per request is far steadier on a noisy machine than latency: it is t
 to drive down (docs/benchmarks.md, "The CPU budget per request").
 
 Run: .venv/bin/python scripts/stack_cpu.py [--systems inferq,floor-redis,floor-fastapi]
-     [--corpus echo,short] [--clients 1,32] [--seconds 8] [--repeat 3] [--env KEY=VALUE ...]
-     [--tree DIR]
-The floors serve the echo corpus only. Prints one Markdown table (medians of --repeat).
+     [--corpus echo,short,null,null32] [--clients 1,32] [--seconds 8] [--repeat 3]
+     [--env KEY=VALUE ...] [--tree DIR]
+The floors serve the echo corpus only. `null` and `null32` run `minilm-null` (minilm's
+tokenizer and output, no compute) with one and 32 inputs a request: the whole path's CPU per
+item on any machine. Prints one Markdown table (medians of --repeat), with µs per item
+beside µs per request.
 `--tree` runs the servers from another checkout (`git worktree add /tmp/before <commit>`)
 with this venv, so that before and after differ in inferq's own code only.
 """
@@ -137,11 +140,11 @@ def main() -> None:
         os.chdir(site_dir.name)
     clients = [int(c) for c in args.clients.split(",")]
     print(
-        "| system | corpus | clients | req/s | p50 ms | "
+        "| system | corpus | clients | req/s | items/s | p50 ms | "
         + " | ".join(f"{k} µs/req" for k in PROCESSES)
-        + " | total µs/req |"
+        + " | total µs/req | total µs/item |"
     )
-    print("|---" * (6 + len(PROCESSES)) + "|")
+    print("|---" * (8 + len(PROCESSES)) + "|")
     for corpus_name in args.corpus.split(","):
         ready = inputs.load(corpus_name)
         for system in args.systems.split(","):
@@ -161,9 +164,10 @@ def main() -> None:
                 cells = " | ".join(
                     f"{pt.cpu_us[k]:.0f}" if k in pt.cpu_us else "–" for k in PROCESSES
                 )
+                per = ready.items_per_body
                 print(
-                    f"| {system} | {corpus_name} | {c} | {pt.rps:.0f} | {pt.p50_ms:.2f} | "
-                    f"{cells} | {pt.total_us:.0f} |",
+                    f"| {system} | {corpus_name} | {c} | {pt.rps:.0f} | {pt.rps * per:.0f} | "
+                    f"{pt.p50_ms:.2f} | {cells} | {pt.total_us:.0f} | {pt.total_us / per:.1f} |",
                     flush=True,
                 )
 

@@ -11,7 +11,8 @@
 - admit: decide each job's fate before it costs device time: poisoned (on a device at
   `max_deliveries` worker deaths), expired, refused by the model's `prepare` (its own job
   fails, nothing else), or held, split into items. `prepare` runs in a thread of its own, so
-  tokenising or decoding never blocks the event loop.
+  tokenising or decoding never blocks the event loop, and the jobs of one claim are prepared
+  in one call where the model can (`PreparesMany`: one tokenizer call for all their texts).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from inferq.worker.models.base import (
     Model,
     ModelError,
     Prepared,
+    PreparesMany,
     Tensor,
 )
 from inferq.worker.policy.batcher import Item
@@ -272,7 +274,31 @@ class Intake:
         return None
 
     def _prepare_all(self, ready: list[tuple[Entry, Job]]) -> list[list[Prepared] | JobError]:
-        return [self.prepare_one(job) for _, job in ready]
+        """Every job in one `prepare_many` call when the model has one (for a tokenizer, one
+        call over all their texts instead of one per job); one job at a time when it has
+        none, when only one job is ready, or when the batched call fails (so a bad input
+        fails only its own job)."""
+        if len(ready) < 2 or not isinstance(self.model, PreparesMany):
+            return [self.prepare_one(job) for _, job in ready]
+        out: list[list[Prepared] | JobError] = []
+        typed: list[tuple[int, Job, list[Input]]] = []  # (where in `out`, job, its inputs)
+        for _, job in ready:
+            try:
+                typed.append((len(out), job, typed_inputs(job.inputs, self.model.inputs)))
+                out.append([])
+            except InvalidInput as e:
+                out.append(JobError(ErrorCode.INVALID_INPUT, str(e)))
+        try:
+            with self._prepare_lock:
+                many = self.model.prepare_many([(inp, job.parameters) for _, job, inp in typed])
+            if len(many) != len(typed):
+                raise ModelError("prepare_many() must return one list per job")
+            for (i, _, inputs), prepared in zip(typed, many, strict=True):
+                out[i] = _checked(prepared, len(inputs))
+        except Exception:  # find the guilty job: one at a time, each failing alone
+            for i, job, _ in typed:
+                out[i] = self.prepare_one(job)
+        return out
 
     def prepare_one(self, job: Job) -> list[Prepared] | JobError:
         """A job's inputs as the model prepared them, or the error that fails the job. In any

@@ -21,7 +21,10 @@ vectors (sent as raw bytes), or a list of any msgpack-able values (lists of
 
 `prepare` runs in the worker's prepare thread, `run` in its model threads; neither may touch
 Redis, and either may raise `InvalidInput(index, why)` to fail only its own job with
-`invalid_input`. A model may declare `version` (a string that changes with its weights):
+`invalid_input`. A model may also declare `prepare_many(jobs)` (`PreparesMany`): every job the
+intake claimed together, prepared in one call (for a tokenizer, one call over all their
+texts, which its Rust side runs in parallel without the GIL); if it raises, the intake
+prepares those jobs one by one, so a bad input still fails only its own job. A model may declare `version` (a string that changes with its weights):
 the result cache keys on it (`model_version`). Version 1 models (`dim`, `prepare(texts)`, vectors out) still work: the
 registry wraps them in `LegacyModel`.
 """
@@ -139,6 +142,15 @@ class Model(Protocol):
 
     def run(self, batch: list[Any]) -> Sequence[Any] | np.ndarray:
         """Run a batch of `Prepared.payload`s; one output per payload, in order."""
+
+
+@runtime_checkable
+class PreparesMany(Protocol):
+    """The optional batched `prepare`: one list of items per job, in order."""
+
+    def prepare_many(
+        self, jobs: Sequence[tuple[list[Input], Mapping[str, Any]]]
+    ) -> list[list[Prepared]]: ...
 
 
 def model_version(model: Any, *context: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,7 +89,37 @@ def pad_batch(batch: list[Any], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     return ids, mask
 
 
-class MiniLM(TextModel):
+class Tokenized(TextModel):
+    """A text model whose items are token ids from a `tokenizers` tokenizer (set in `load`)."""
+
+    _tokenizer: Tokenizer | None = None
+
+    def prepare(self, inputs: list[Input], parameters: Mapping[str, Any]) -> list[Prepared]:
+        if unknown := unknown_parameters(parameters, self.parameters):
+            raise InvalidInput(None, f"unknown parameters {unknown}")
+        return self.encode_texts(self.texts(inputs))
+
+    def prepare_many(
+        self, jobs: Sequence[tuple[list[Input], Mapping[str, Any]]]
+    ) -> list[list[Prepared]]:
+        """Every job's items from one tokenizer call over all their texts (`PreparesMany`):
+        the worker's prepare cost was one call per job, most of it per-call overhead."""
+        if any(params for _, params in jobs):  # refused per job, naming the job's parameter
+            return [self.prepare(inputs, params) for inputs, params in jobs]
+        flat = self.encode_texts([text for inputs, _ in jobs for text in self.texts(inputs)])
+        out, at = [], 0
+        for inputs, _ in jobs:
+            out.append(flat[at : at + len(inputs)])
+            at += len(inputs)
+        return out
+
+    def encode_texts(self, texts: list[str]) -> list[Prepared]:
+        if self._tokenizer is None:
+            raise RuntimeError(f"{type(self).__name__}.prepare called before load()")
+        return encode(self._tokenizer, texts)
+
+
+class MiniLM(Tokenized):
     """The `Model` protocol over a local sentence-transformers style BERT model."""
 
     def __init__(
@@ -165,13 +195,6 @@ class MiniLM(TextModel):
             torch.from_numpy(ids).to(self._device),
             torch.from_numpy(mask).to(self._device, dtype=torch.long),
         )
-
-    def prepare(self, inputs: list[Input], parameters: Mapping[str, Any]) -> list[Prepared]:
-        if self._tokenizer is None:
-            raise RuntimeError("MiniLM.prepare called before load()")
-        if unknown := unknown_parameters(parameters, self.parameters):
-            raise InvalidInput(None, f"unknown parameters {unknown}")
-        return encode(self._tokenizer, self.texts(inputs))
 
     def run(self, batch: list[Any]) -> np.ndarray:
         import torch

@@ -16,14 +16,12 @@ same ids. onnxruntime and torch are imported in `load`/export only.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from inferq.worker.models.base import Input, InvalidInput, Prepared, TextModel, unknown_parameters
-from inferq.worker.models.minilm import MiniLM, encode, load_tokenizer, pad_batch
+from inferq.worker.models.minilm import MiniLM, Tokenized, load_tokenizer, pad_batch
 from inferq.worker.models.onnx_session import (
     export_quietly,
     file_digest,
@@ -145,7 +143,7 @@ def ensure_onnx(model_dir: Path, variant: str, cache_dir: Path) -> tuple[Path, b
     return target, True
 
 
-class MiniLMOnnx(TextModel):
+class MiniLMOnnx(Tokenized):
     """The `Model` protocol over an ONNX export of a `MiniLM` model dir."""
 
     def __init__(
@@ -180,13 +178,6 @@ class MiniLMOnnx(TextModel):
         log.info(
             "onnx minilm %s (%s)", self.variant, "exported now" if self.exported else "from cache"
         )
-
-    def prepare(self, inputs: list[Input], parameters: Mapping[str, Any]) -> list[Prepared]:
-        if self._tokenizer is None:
-            raise RuntimeError("MiniLMOnnx.prepare called before load()")
-        if unknown := unknown_parameters(parameters, self.parameters):
-            raise InvalidInput(None, f"unknown parameters {unknown}")
-        return encode(self._tokenizer, self.texts(inputs))
 
     def run(self, batch: list[Any]) -> np.ndarray:
         if self._session is None:

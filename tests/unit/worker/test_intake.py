@@ -367,3 +367,58 @@ def test_typed_inputs_name_the_bad_input_and_the_kinds_a_model_takes() -> None:
         typed_inputs([3], every)
     with pytest.raises(InvalidInput, match=r"input 0: image input, but this model takes text"):
         typed_inputs([{"image": b"x"}], frozenset({InputKind.TEXT}))
+
+
+class SteeredMany(Steered):
+    """`Steered` with a batched `prepare_many` that records its calls (and refuses, as a
+    real tokenizer would, when any job's input asks it to crash)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batched: list[list[list[str]]] = []
+
+    def prepare_many(
+        self, jobs: Sequence[tuple[list[Input], Mapping[str, Any]]]
+    ) -> list[list[Prepared]]:
+        self.batched.append([self.texts(inputs) for inputs, _ in jobs])
+        if any("crash" in self.texts(inputs) for inputs, _ in jobs):
+            raise KeyError("vocab")
+        return [EchoModel.prepare(self, inputs, params) for inputs, params in jobs]
+
+
+async def test_the_jobs_of_one_claim_are_prepared_in_one_call(queue: FakeQueue) -> None:
+    intake, _, _ = _intake(queue)
+    model = intake.model = SteeredMany()
+    a, b, bad = queue.add("a b", "c"), queue.add("d"), queue.add({"image": b"\xff"})
+    out = await intake.admit([a, bad, b])
+    assert model.batched == [[["a b", "c"], ["d"]]] and model.prepared == []  # one call
+    assert [(s.job.id, [it.cost for it in items]) for s, items in out.held] == [
+        (a.job_id, [2, 1]),
+        (b.job_id, [1]),
+    ]
+    assert [(s.job.id, e.code) for s, e, _ in out.decided] == [
+        (bad.job_id, ErrorCode.INVALID_INPUT)  # refused before the batched call
+    ]
+
+
+async def test_a_failed_batched_prepare_fails_only_the_guilty_job(queue: FakeQueue) -> None:
+    intake, _, _ = _intake(queue)
+    model = intake.model = SteeredMany()
+    ok, crash, short = queue.add("x y"), queue.add("crash"), queue.add("short", "two")
+    out = await intake.admit([ok, crash, short])
+    assert len(model.batched) == 1  # tried together, then one at a time
+    assert model.prepared == [["x y"], ["crash"], ["short", "two"]]
+    assert [(s.job.id, [it.cost for it in items]) for s, items in out.held] == [(ok.job_id, [2])]
+    decided = {s.job.id: e.code for s, e, _ in out.decided}
+    assert decided == {crash.job_id: ErrorCode.MODEL_ERROR, short.job_id: ErrorCode.MODEL_ERROR}
+
+
+async def test_a_batched_prepare_with_the_wrong_count_falls_back_per_job(
+    queue: FakeQueue,
+) -> None:
+    intake, _, _ = _intake(queue)
+    model = intake.model = SteeredMany()
+    model.prepare_many = lambda jobs: []  # type: ignore[method-assign]
+    a, b = queue.add("a"), queue.add("b c")
+    out = await intake.admit([a, b])
+    assert [[it.cost for it in items] for _, items in out.held] == [[1], [2]]
