@@ -203,9 +203,10 @@ def plan_workers(
     """(name, environment overrides) of each worker process to start.
 
     One worker and no `--devices`: no overrides, the worker's own settings decide (as before
-    scaling existed). Otherwise each worker gets its INFERQ_DEVICE and a distinct, stable
+    scaling existed). Otherwise each worker gets its INFERQ_DEVICE, a distinct, stable
     INFERQ_WORKER_ID (its consumer name: a restarted worker must find its own pending
-    entries), and workers sharing the CPU split its cores: one batch at a time each, on
+    entries) and INFERQ_WORKERS_PER_DEVICE (workers on one device split its memory budget),
+    and workers sharing the CPU split its cores: one batch at a time each, on
     cores ÷ workers threads, unless INFERQ_MODEL_THREADS / INFERQ_INTRA_OP_THREADS are set.
     """
     if per_device < 1:
@@ -226,6 +227,9 @@ def plan_workers(
             overrides = {
                 "INFERQ_DEVICE": device,
                 "INFERQ_WORKER_ID": f"{base}:{device}:{model_name}:{k}",
+                # They split the device's INFERQ_MEMORY_BUDGET (and, on CUDA, cap their
+                # allocators at their share).
+                "INFERQ_WORKERS_PER_DEVICE": str(devices.count(device) * per_device),
             }
             if device == "cpu" and on_cpu > 1:
                 overrides["INFERQ_MODEL_THREADS"] = str(streams)

@@ -29,7 +29,8 @@ build fresh ones:
 
 Counters are declared without the `_total` suffix (prometheus-client appends it), so the
 exposed names are exactly the ones above. `inferq_device_memory_bytes{kind}` takes
-`allocated`, `reserved` or `total` (`MEMORY_KINDS`).
+`allocated`, `reserved`, `total`, `footprint` (the process's own, as nvidia-smi shows it) or
+`budget` (its share of INFERQ_MEMORY_BUDGET; 0 without one) (`MEMORY_KINDS`).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ __all__ = [
 disable_created_metrics()
 
 PREFIX = "inferq"
-MEMORY_KINDS = ("allocated", "reserved", "total")
+MEMORY_KINDS = ("allocated", "reserved", "total", "footprint", "budget")
 
 # Items per batch: powers of two up to 512 (max_batch_size rarely goes beyond).
 BATCH_SIZE_BUCKETS = tuple(float(2**i) for i in range(10))  # 1 .. 512
@@ -122,9 +123,12 @@ class WorkerMetrics:
     token_ceiling: Gauge
     device_memory_bytes: Gauge
 
-    def set_device_memory(self, allocated: float, reserved: float, total: float) -> None:
-        """Set all three `inferq_device_memory_bytes{kind}` series at once."""
-        for kind, value in zip(MEMORY_KINDS, (allocated, reserved, total), strict=True):
+    def set_device_memory(
+        self, allocated: float, reserved: float, total: float, footprint: float, budget: float
+    ) -> None:
+        """Set every `inferq_device_memory_bytes{kind}` series at once."""
+        values = (allocated, reserved, total, footprint, budget)
+        for kind, value in zip(MEMORY_KINDS, values, strict=True):
             self.device_memory_bytes.labels(kind=kind).set(value)
 
 
@@ -274,7 +278,8 @@ def worker_metrics(registry: CollectorRegistry | None = None) -> WorkerMetrics:
         ),
         device_memory_bytes=Gauge(
             f"{PREFIX}_device_memory_bytes",
-            "Device memory by kind: allocated, reserved (by the caching allocator), total.",
+            "Device memory by kind: allocated, reserved (by the caching allocator), total, "
+            "footprint (the process's, as nvidia-smi shows it), budget (its share).",
             ["kind"],
             registry=reg,
         ),

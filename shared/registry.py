@@ -53,6 +53,8 @@ class WorkerBeat:
     mem_total: int
     calibration: str = ""  # the calibration file's JSON, or ""
     ceiling_reason: str = ""
+    mem_footprint: int = 0  # the process's device memory as nvidia-smi shows it (RSS on a CPU)
+    mem_budget: int = 0  # its share of INFERQ_MEMORY_BUDGET; 0 without one
 
     def to_hash(self) -> dict[str, str]:
         return {f.name: str(getattr(self, f.name)) for f in dataclasses.fields(self)}

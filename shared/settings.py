@@ -398,9 +398,18 @@ class Settings(BaseSettings):
     )
     memory_budget: str | None = Field(
         None,
-        description="Device memory the worker may use: bytes ('6GiB', '512MiB') or a fraction of the "
-        "device ('0.8'). Turned into the token ceiling by the calibration; INFERQ_MAX_BATCH_TOKENS, "
-        "when set explicitly, overrides it.",
+        description="Device memory the workers on one device may use, as nvidia-smi counts it (CUDA "
+        "context, weights, the allocator's reserve): bytes ('6GiB', '512MiB') or a fraction of the "
+        "device ('0.8'), split between INFERQ_WORKERS_PER_DEVICE workers. Turned into the token "
+        "ceiling by the calibration, and on CUDA the allocator's cap; INFERQ_MAX_BATCH_TOKENS, "
+        "when set explicitly, overrides the ceiling.",
+    )
+    workers_per_device: int = Field(
+        1,
+        ge=1,
+        description="Worker processes sharing this worker's device (`inferq up --workers N` sets "
+        "it): each gets INFERQ_MEMORY_BUDGET ÷ N, and on CUDA its allocator is capped there. More "
+        "workers keep a GPU busier when one process's Python is the limit.",
     )
     snapshot_at: float | None = Field(
         None,

@@ -17,6 +17,7 @@ from inferq.shared.metrics import worker_metrics
 from inferq.shared.redis_conn import worker_client
 from inferq.shared.settings import ModelSpec, Settings
 from inferq.worker.calibration.fit import resolve_ceiling
+from inferq.worker.memory import EXPANDABLE, DeviceBound, bound_device, configure_allocator
 from inferq.worker.models.base import Model, probe_inputs
 from inferq.worker.models.registry import build_model
 from inferq.worker.plan import resolve_backend, resolve_device, settle_plan, thread_plan
@@ -59,6 +60,7 @@ async def serve(
     device: str,
     backend: str,
     model_threads: int = 1,
+    bound: DeviceBound | None = None,
 ) -> bool:
     """Run the worker until SIGTERM/SIGINT; True if it drained within INFERQ_DRAIN_S."""
     redis = worker_client(
@@ -89,6 +91,7 @@ async def serve(
         backend=backend,
         model_threads=model_threads,
         calibration=calibration,
+        budget_bytes=bound.share_bytes if bound is not None else 0,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -106,14 +109,19 @@ def main(settings: Settings, model: str | None = None) -> int:
         spec = settings.served_models[spec.name]
     device = resolve_device(settings.device)
     settings = settings.model_copy(
-        update={"backend": resolve_backend(settings.backend, device, spec.target)}
+        update={"backend": resolve_backend(settings.backend, device, spec.target), "device": device}
     )
+    if device.startswith("cuda") and configure_allocator(os.environ):
+        log.info("torch's CUDA allocator: PYTORCH_CUDA_ALLOC_CONF=%s", EXPANDABLE)
     model_threads, intra_op = thread_plan(settings, device, spec)
     if settings.snapshot_at is not None:
         from inferq.worker.memory import enable_history
 
         enable_history(device)  # so a snapshot says who allocated (CUDA only)
     loaded = load_model(spec, settings, device, intra_op)
+    bound = bound_device(settings, spec.name, device)
+    if bound is not None:
+        log.info("%s", bound.describe())
     model_threads, intra_op = settle_plan(loaded, settings, (model_threads, intra_op))
     log.info(
         "model threads: %d batches at once, %s threads each", model_threads, intra_op or "default"
@@ -127,7 +135,9 @@ def main(settings: Settings, model: str | None = None) -> int:
     except ImportError:
         loop_factory = None
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        clean = runner.run(serve(settings, loaded, spec.name, device, backend, model_threads))
+        clean = runner.run(
+            serve(settings, loaded, spec.name, device, backend, model_threads, bound)
+        )
     if not clean:
         # A model thread may still be stuck on the device: a normal exit would wait for it
         # (non-daemon pool threads are joined at shutdown), so leave now, logs flushed.

@@ -104,6 +104,7 @@ class Worker:
         model_threads: int = 1,
         calibration: str = "",
         clock: Clock | None = None,
+        budget_bytes: int = 0,
     ) -> None:
         self.settings, self.model_name, self.device = settings, model_name, device
         self.backend, self.calibration, self.ceiling_reason = backend, calibration, ceiling_reason
@@ -126,7 +127,7 @@ class Worker:
             streams=model_threads,
         )
         self.stats = Stats()
-        self.telemetry = Telemetry(settings, model_name, device, metrics)
+        self.telemetry = Telemetry(settings, model_name, device, metrics, budget_bytes)
         self.outbox = Outbox(self.queue)
         self.book = Book(
             model_name,
@@ -463,6 +464,8 @@ class Worker:
             mem_total=total,
             calibration=self.calibration,
             ceiling_reason=self.ceiling_reason,
+            mem_footprint=self.telemetry.footprint,
+            mem_budget=self.telemetry.budget,
         )
         oldest = min((at for _, at in self._on_device.values()), default=None)
         stuck = (

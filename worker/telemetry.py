@@ -8,29 +8,49 @@ past `INFERQ_SNAPSHOT_AT` on CUDA, a memory snapshot.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 from inferq.shared.jobs import Job, Status
 from inferq.shared.metrics import WorkerMetrics
 from inferq.shared.settings import Settings
-from inferq.worker.memory import SnapshotState, device_memory
+from inferq.worker.memory import SnapshotState, device_memory, footprint_bytes
 
 log = logging.getLogger("inferq.worker")
+
+FOOTPRINT_EVERY_S = 1.0  # how often a CUDA worker asks NVML for its footprint
 
 
 class Telemetry:
     def __init__(
-        self, settings: Settings, model_name: str, device: str, metrics: WorkerMetrics | None
+        self,
+        settings: Settings,
+        model_name: str,
+        device: str,
+        metrics: WorkerMetrics | None,
+        budget_bytes: int = 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.model_name = model_name
         self.device = device
         self.metrics = metrics
+        self.budget = budget_bytes  # this worker's share of INFERQ_MEMORY_BUDGET; 0: none
         self.memory = (0, 0, 0)  # allocated, reserved, total bytes at the last reading
+        self.footprint = 0  # the process's device memory as nvidia-smi shows it
+        self._clock = clock
+        self._footprint_at = float("-inf")
         self._snapshots: SnapshotState | None = None  # made on first use
 
     def read_memory(self) -> tuple[int, int, int]:
         m = device_memory(self.device)
         self.memory = (m.allocated, m.reserved, m.total)
+        if not self.device.startswith("cuda"):
+            self.footprint = m.reserved  # the RSS
+        elif (now := self._clock()) - self._footprint_at >= FOOTPRINT_EVERY_S:
+            # NVML walks the device's process list: once a second, not once a batch.
+            self._footprint_at = now
+            self.footprint = footprint_bytes(self.device)
         return self.memory
 
     def on_batch(
@@ -43,10 +63,11 @@ class Telemetry:
             m.batch_tokens.labels(model=self.model_name).observe(padded)
             m.batch_seconds.observe(run_s)
             m.token_ceiling.set(ceiling)
-            m.set_device_memory(alloc, reserved, total)
+            m.set_device_memory(alloc, reserved, total, self.footprint, self.budget)
         if log.isEnabledFor(logging.INFO):
             log.info(
-                "batch items=%d tokens=%d/%d run_ms=%.1f mem=%.0f/%.0f/%.0fMiB (%.0f%%) held=%d oldest_wait_ms=%.0f",
+                "batch items=%d tokens=%d/%d run_ms=%.1f mem=%.0f/%.0f/%.0fMiB (%.0f%%) "
+                "footprint=%.0f/%sMiB held=%d oldest_wait_ms=%.0f",
                 items,
                 padded,
                 ceiling,
@@ -55,6 +76,8 @@ class Telemetry:
                 reserved / 2**20,
                 total / 2**20,
                 100 * reserved / total if total else 0.0,
+                self.footprint / 2**20,
+                f"{self.budget / 2**20:.0f}" if self.budget else "-",
                 held,
                 oldest_wait_s * 1000,
             )

@@ -1,12 +1,19 @@
 """The memory bound's arithmetic and its file: fit, budget, ceiling, stored calibration.
 
 Pure functions and the JSON file under `<data_dir>/calibration/`; nothing here touches a
-device (probing is `inferq.worker.calibration.probe`). The worker calls `resolve_ceiling` at start:
+device (probing is `inferq.worker.calibration.probe`). The budget is the worker's device
+footprint, what nvidia-smi shows for its process: the CUDA context, the weights and whatever
+the allocator keeps reserved. The calibration fits the allocator's peak *reserved* memory
+(weights included, in `base`) and measures the context beside it, so at start
+(`resolve_ceiling`):
 
-    ceiling (cost units) = margin × (budget − base) / per_unit        (margin 0.9 by default)
+    share   = budget ÷ INFERQ_WORKERS_PER_DEVICE                   (workers on one device split it)
+    ceiling = margin × (share − context − base) / per_unit       (margin 0.9 by default)
 
 never below the model's `max_cost` (one largest item must always fit), and overridden by
-an explicitly set `INFERQ_MAX_BATCH_TOKENS`.
+an explicitly set `INFERQ_MAX_BATCH_TOKENS`. The allocator itself is capped at
+`share − context` (`allocator_fraction`), so an estimate that is off becomes a caught
+out-of-memory and a split inside the share, never memory taken from a neighbour.
 """
 
 from __future__ import annotations
@@ -29,7 +36,10 @@ DEFAULT_MARGIN = 0.9
 #: The knee: the padded size past which tokens/s grows by less than this fraction.
 KNEE_GAIN = 0.05
 DEFAULT_BUDGET = "0.8"  # when neither --budget nor INFERQ_MEMORY_BUDGET is given
-FILE_VERSION = 1
+# 2: the fit is over peak reserved memory and `context_bytes` is measured beside it. A version
+# 1 file (peak allocated, no context) still reads, with a context of 0.
+FILE_VERSION = 2
+_READABLE_VERSIONS = (1, FILE_VERSION)
 
 _UNITS = {
     "": 1, "b": 1,
@@ -116,6 +126,26 @@ def ceiling_for_budget(
     return max(min_tokens, math.floor(raw))
 
 
+def device_share(budget_bytes: int, workers: int) -> int:
+    """One worker's part of a device budget that `workers` processes on the device split."""
+    if workers < 1:
+        raise ValueError(f"workers per device must be at least 1, got {workers}")
+    return budget_bytes // workers
+
+
+def allocator_fraction(share_bytes: int, context_bytes: int, total_bytes: int) -> float:
+    """The cap for torch's caching allocator (`set_per_process_memory_fraction`): what it may
+    reserve is the worker's share less the CUDA context, which the allocator never sees.
+    Raises ValueError when the share does not even hold the context."""
+    room = share_bytes - context_bytes
+    if room <= 0 or total_bytes <= 0:
+        raise ValueError(
+            f"a device share of {fmt_bytes(share_bytes)} leaves nothing past the CUDA context "
+            f"({fmt_bytes(context_bytes)}): raise INFERQ_MEMORY_BUDGET or run fewer workers"
+        )
+    return min(1.0, room / total_bytes)
+
+
 def latency_knee(points: Sequence[tuple[int, float]], gain: float = KNEE_GAIN) -> int:
     """The padded size past which throughput stops growing by more than `gain`.
 
@@ -170,6 +200,9 @@ class Calibration:
     probes: list[Probe] = field(default_factory=list)
     created_at: str = ""
     version: int = FILE_VERSION
+    # The device memory the process holds beyond what the allocator reserves (the CUDA
+    # context, cuBLAS workspaces): 0 on a CPU, where the RSS the fit measures holds it all.
+    context_bytes: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -177,8 +210,10 @@ class Calibration:
     @classmethod
     def from_json(cls, text: str) -> Calibration:
         raw = json.loads(text)
-        if raw.get("version") != FILE_VERSION:
-            raise ValueError(f"calibration file version {raw.get('version')!r} != {FILE_VERSION}")
+        if raw.get("version") not in _READABLE_VERSIONS:
+            raise ValueError(
+                f"calibration file version {raw.get('version')!r} not in {_READABLE_VERSIONS}"
+            )
         raw["fit"] = Fit(**raw["fit"])
         raw["probes"] = [Probe(**p) for p in raw["probes"]]
         return cls(**raw)
@@ -229,6 +264,19 @@ def fmt_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.{1 if unit == 'GiB' else 0}f} {unit}"
     return f"{n:.0f} B"
+
+
+def device_budget(
+    settings: Any, cal: Calibration | None, total_bytes: int | None
+) -> tuple[int, str] | None:
+    """The device budget in bytes (for all the workers on the device) and where it came
+    from: INFERQ_MEMORY_BUDGET, else the calibration's; None when neither gives one."""
+    if settings.memory_budget:
+        budget = parse_budget(settings.memory_budget, total_bytes)
+        return budget, f"INFERQ_MEMORY_BUDGET={settings.memory_budget} = {fmt_bytes(budget)}"
+    if cal is not None and cal.budget_bytes:
+        return cal.budget_bytes, f"calibrated budget {fmt_bytes(cal.budget_bytes)}"
+    return None
 
 
 class Ceiling(NamedTuple):
@@ -287,15 +335,18 @@ def _ceiling(
             f"no calibration for {model_name}/{backend}/{device} (run `inferq calibrate`)"
         )
     path = calibration_path(settings.data_dir, model_name, backend, device)
-    if settings.memory_budget:
-        budget = parse_budget(settings.memory_budget, cal.device_total_bytes)
-        source = f"INFERQ_MEMORY_BUDGET={settings.memory_budget} = {fmt_bytes(budget)}"
-    elif cal.budget_bytes:
-        budget, source = cal.budget_bytes, f"calibrated budget {fmt_bytes(cal.budget_bytes)}"
-    else:
+    got = device_budget(settings, cal, cal.device_total_bytes)
+    if got is None:
         return fallback(f"calibration {path} has no budget; set INFERQ_MEMORY_BUDGET")
+    budget, source = got
+    workers = settings.workers_per_device
+    share = device_share(budget, workers)
+    if workers > 1:
+        source += f" ÷ {workers} workers on the device = {fmt_bytes(share)}"
+    if cal.context_bytes:
+        source += f", less the CUDA context {fmt_bytes(cal.context_bytes)}"
     try:
-        ceiling = ceiling_for_budget(cal.fit, budget, cal.margin)
+        ceiling = ceiling_for_budget(cal.fit, share - cal.context_bytes, cal.margin)
     except ValueError as e:
         return fallback(f"calibration {path}: {e}")
     why = (

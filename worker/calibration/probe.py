@@ -9,7 +9,12 @@ The arithmetic and the file are `inferq.worker.calibration.fit`; the worker read
 start (`fit.resolve_ceiling`).
 
 How peak memory is measured, per device:
-- CUDA + torch: `reset_peak_memory_stats` then `max_memory_allocated` around each probe.
+- CUDA + torch: the cache emptied and the peak reset before each probe, then
+  `max_memory_reserved`: what the allocator held, which is what the device gives up (peak
+  *allocated* left out the cache: a 2 GiB budget peaked at 3.6–3.9 GiB on an H200). The
+  CUDA context, which the allocator never sees, is measured once after load
+  (`inferq.worker.memory.context_bytes`: NVML's figure for the process less the reserve) and
+  stored beside the fit, so the ceiling leaves room for it.
 - CUDA + ONNX Runtime: NVML (`nvidia-ml-py`) after each probe. ORT's arena only grows, so
   in ascending order the reading is the arena's high-water mark at that size.
 - CPU: the process's RSS high-water mark (VmHWM), reset before each probe by writing 5 to
@@ -45,6 +50,9 @@ from inferq.worker.calibration.fit import (
     save_calibration,
 )
 from inferq.worker.memory import (
+    CudaMemory,
+    TorchCuda,
+    context_bytes,
     device_memory,
     nvml_used_bytes,
     peak_rss_bytes,
@@ -80,43 +88,47 @@ def _payload_for_cost(model: Any, target: int) -> tuple[Any, int]:
 class _Meter:
     """Peak memory around one call, the way this device/backend allows (see module doc)."""
 
-    def __init__(self, device: str, backend: str) -> None:
+    def __init__(self, device: str, backend: str, cuda: CudaMemory | None = None) -> None:
         self.device = device
         self.cuda = device.startswith("cuda")
         self.nvml = self.cuda and backend.startswith("onnx")
         self.resettable = self.cuda or reset_peak_rss()
+        self.mem: CudaMemory | None = None
+        if self.cuda and not self.nvml:
+            self.mem = cuda or TorchCuda(device)
         if self.nvml:
             self.source = "nvml used (ORT arena high-water, ascending probes)"
         elif self.cuda:
-            self.source = "torch.cuda.max_memory_allocated after reset_peak_memory_stats"
+            self.source = "torch.cuda.max_memory_reserved, cache emptied per probe, + context"
         elif self.resettable:
             self.source = "VmHWM reset per probe via /proc/self/clear_refs (ascending probes)"
         else:
             self.source = "VmHWM, not resettable here: monotonic over ascending probes"
 
     def start(self) -> None:
-        if self.cuda and not self.nvml:
-            import torch
-
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
+        if self.mem is not None:
+            self.mem.settle()
         elif not self.cuda and self.resettable:
             reset_peak_rss()
 
     def peak(self) -> int | None:
         if self.nvml:
             return nvml_used_bytes(self.device)
-        if self.cuda:
-            import torch
-
-            torch.cuda.synchronize(self.device)
-            return int(torch.cuda.max_memory_allocated(self.device))
+        if self.mem is not None:
+            return self.mem.peak_reserved()
         return peak_rss_bytes()
 
     def now(self) -> int:
         if self.nvml:
             return nvml_used_bytes(self.device) or 0
+        if self.mem is not None:
+            return self.mem.reserved()
         return device_memory(self.device).allocated if self.cuda else rss_bytes()
+
+    def context(self) -> int:
+        """The footprint beyond the allocator's reserve: the CUDA context (torch on CUDA);
+        0 where the peak already counts everything (RSS on a CPU, NVML for ONNX Runtime)."""
+        return context_bytes(self.mem) if self.mem is not None else 0
 
 
 def run_probes(
@@ -226,6 +238,7 @@ def calibrate(settings: Settings, args: CalibrateOptions) -> tuple[Calibration, 
     load_peak = meter.peak()
     model.run([_payload_for_cost(model, 8)[0]])
     steady = meter.now()
+    context = meter.context()
 
     max_cost = getattr(model, "max_cost", None)
     lengths, sizes = _GRID[kind]
@@ -245,7 +258,9 @@ def calibrate(settings: Settings, args: CalibrateOptions) -> tuple[Calibration, 
     total = device_memory(device).total
     budget = parse_budget(args.budget, total)
     try:
-        ceiling: int | None = ceiling_for_budget(fit, budget, args.margin, min_tokens=max_cost or 1)
+        ceiling: int | None = ceiling_for_budget(
+            fit, budget - context, args.margin, min_tokens=max_cost or 1
+        )
     except ValueError as e:
         log.warning("no ceiling: %s", e)
         ceiling = None
@@ -265,6 +280,7 @@ def calibrate(settings: Settings, args: CalibrateOptions) -> tuple[Calibration, 
         steady_bytes=steady,
         probes=probes,
         created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        context_bytes=context,
     )
     return cal, save_calibration(settings.data_dir, cal)
 
@@ -290,8 +306,9 @@ def format_table(cal: Calibration) -> str:
         f"fit: memory ≈ {fmt_bytes(f.base_bytes)} + {f.per_token_bytes / 1024:.1f} KiB × padded "
         f"tokens (R² {f.r2:.4f}, max rel err {f.max_rel_err:.1%}, n={f.n})",
         f"load peak {fmt_bytes(cal.load_peak_bytes or 0)}, steady {fmt_bytes(cal.steady_bytes or 0)}, "
-        f"device total {fmt_bytes(cal.device_total_bytes)}",
+        f"context {fmt_bytes(cal.context_bytes)}, device total {fmt_bytes(cal.device_total_bytes)}",
         f"budget {fmt_bytes(cal.budget_bytes or 0)} → ceiling {ceiling} padded tokens "
-        f"({cal.margin:g} × (budget − base) / per_token); latency knee {cal.knee_tokens} tokens",
+        f"({cal.margin:g} × (budget − context − base) / per_token); latency knee "
+        f"{cal.knee_tokens} tokens",
     ]
     return "\n".join(lines)

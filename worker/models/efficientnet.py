@@ -205,9 +205,12 @@ class EfficientNetLite0Onnx(ImageClassifier):
 
     EXPORT_VERSION = 1
 
-    def __init__(self, cache_dir: Path | str, intra_op_threads: int = 0) -> None:
+    def __init__(
+        self, cache_dir: Path | str, intra_op_threads: int = 0, gpu_mem_limit: int | None = None
+    ) -> None:
         self.cache_dir = Path(cache_dir)
         self.intra_op_threads = intra_op_threads
+        self.gpu_mem_limit = gpu_mem_limit
         self._session: Any = None
 
     def load(self, device: str) -> None:
@@ -217,7 +220,7 @@ class EfficientNetLite0Onnx(ImageClassifier):
         path = cached_export(
             self.cache_dir, "efficientnet-lite0", weights_path(), self.EXPORT_VERSION, _export
         )
-        self._session = session(path, device, self.intra_op_threads)
+        self._session = session(path, device, self.intra_op_threads, self.gpu_mem_limit)
 
     def logits(self, images: np.ndarray) -> np.ndarray:
         from inferq.worker.models.onnx_session import run_mapping_oom

@@ -153,6 +153,7 @@ class MiniLMOnnx(Tokenized):
         *,
         cache_dir: Path | str,
         intra_op_threads: int = 0,
+        gpu_mem_limit: int | None = None,
     ) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"onnx variant must be one of {VARIANTS}, got {variant!r}")
@@ -162,6 +163,7 @@ class MiniLMOnnx(Tokenized):
         self.max_cost: int | None = spec.max_cost
         self.variant = variant
         self.intra_op_threads = intra_op_threads
+        self.gpu_mem_limit = gpu_mem_limit  # ONNX Runtime's CUDA arena, bytes
         self.cache_dir = Path(cache_dir)
         self.onnx_path: Path | None = None
         self.exported = False  # True when load() had to export (cache miss)
@@ -173,7 +175,7 @@ class MiniLMOnnx(Tokenized):
     def load(self, device: str) -> None:
         self.onnx_path, self.exported = ensure_onnx(self.path, self.variant, self.cache_dir)
         self._tokenizer, self._pad_id = load_tokenizer(self.path, self.max_cost)
-        self._session = session(self.onnx_path, device, self.intra_op_threads)
+        self._session = session(self.onnx_path, device, self.intra_op_threads, self.gpu_mem_limit)
         self.provider = self._session.get_providers()[0]
         log.info(
             "onnx minilm %s (%s)", self.variant, "exported now" if self.exported else "from cache"

@@ -102,7 +102,7 @@ def export_quietly(
     target.write_bytes(program.model_proto.SerializeToString())
 
 
-def providers(device: str) -> list[Any]:
+def providers(device: str, gpu_mem_limit: int | None = None) -> list[Any]:
     import onnxruntime as ort
 
     if not device.startswith("cuda"):
@@ -117,11 +117,15 @@ def providers(device: str) -> list[Any]:
     index = int(device.partition(":")[2] or 0)
     # kSameAsRequested: the arena grows by what a batch needs, not to the next power of two,
     # so device memory tracks the batch ceiling (and the calibration measures that).
-    cuda = {"device_id": index, "arena_extend_strategy": "kSameAsRequested"}
+    cuda: dict[str, Any] = {"device_id": index, "arena_extend_strategy": "kSameAsRequested"}
+    if gpu_mem_limit:  # the worker's share of INFERQ_MEMORY_BUDGET (`memory.arena_limit_bytes`)
+        cuda["gpu_mem_limit"] = gpu_mem_limit
     return [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
 
 
-def session(path: Path, device: str, intra_op_threads: int = 0) -> Any:
+def session(
+    path: Path, device: str, intra_op_threads: int = 0, gpu_mem_limit: int | None = None
+) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -130,7 +134,7 @@ def session(path: Path, device: str, intra_op_threads: int = 0) -> Any:
         options.intra_op_num_threads = intra_op_threads
     # Spinning threads steal the cores the API and the event loop need between batches.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    s = ort.InferenceSession(str(path), options, providers=providers(device))
+    s = ort.InferenceSession(str(path), options, providers=providers(device, gpu_mem_limit))
     log.info("onnx model %s runs on %s", path.name, s.get_providers()[0])
     return s
 

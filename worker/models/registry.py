@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from inferq.shared.settings import ModelSpec, Settings
+from inferq.worker.memory import arena_limit_bytes
 from inferq.worker.models.base import (
     Input,
     InputKind,
@@ -89,6 +90,7 @@ def _minilm(settings: Settings, threads: int) -> Model:
             variant=settings.onnx_variant,
             cache_dir=settings.data_dir / "onnx",
             intra_op_threads=threads,
+            gpu_mem_limit=arena_limit_bytes(settings, settings.device),
         )
     from inferq.worker.models.minilm import MiniLM
 
@@ -105,7 +107,9 @@ def _efficientnet(settings: Settings, threads: int) -> Model:
     from inferq.worker.models import efficientnet
 
     if settings.backend == "onnx":
-        return efficientnet.EfficientNetLite0Onnx(settings.data_dir / "onnx", threads)
+        return efficientnet.EfficientNetLite0Onnx(
+            settings.data_dir / "onnx", threads, arena_limit_bytes(settings, settings.device)
+        )
     return efficientnet.EfficientNetLite0(torchscript=settings.torchscript)
 
 

@@ -16,9 +16,10 @@ def test_one_worker_and_no_devices_changes_nothing() -> None:
 
 def test_one_worker_per_device_each_with_a_stable_distinct_id() -> None:
     plan = up.plan_workers(["cuda:0", "cuda:1"], 1, model_name="minilm", env={}, host="gpu1")
+    one = {"INFERQ_WORKERS_PER_DEVICE": "1"}
     assert plan == [
-        ("worker cuda:0 #0", {"INFERQ_DEVICE": "cuda:0", "INFERQ_WORKER_ID": "gpu1:cuda:0:minilm:0"}),
-        ("worker cuda:1 #0", {"INFERQ_DEVICE": "cuda:1", "INFERQ_WORKER_ID": "gpu1:cuda:1:minilm:0"}),
+        ("worker cuda:0 #0", {"INFERQ_DEVICE": "cuda:0", "INFERQ_WORKER_ID": "gpu1:cuda:0:minilm:0"} | one),
+        ("worker cuda:1 #0", {"INFERQ_DEVICE": "cuda:1", "INFERQ_WORKER_ID": "gpu1:cuda:1:minilm:0"} | one),
     ]  # fmt: skip
 
 
@@ -43,9 +44,12 @@ def test_explicit_thread_settings_and_worker_id_are_kept() -> None:
     )
 
 
-def test_gpu_workers_get_no_thread_split() -> None:
+def test_gpu_workers_get_no_thread_split_and_split_the_devices_budget() -> None:
     plan = up.plan_workers(["cuda:0"], 2, model_name="echo", env={}, cores=8)
     assert all("INFERQ_INTRA_OP_THREADS" not in o for _, o in plan)
+    assert [o["INFERQ_WORKERS_PER_DEVICE"] for _, o in plan] == ["2", "2"]
+    plan = up.plan_workers(["cuda:0", "cuda:1"], 3, model_name="echo", env={}, cores=8)
+    assert {o["INFERQ_WORKERS_PER_DEVICE"] for _, o in plan} == {"3"}
 
 
 def test_devices(monkeypatch: pytest.MonkeyPatch) -> None:

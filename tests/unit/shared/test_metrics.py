@@ -95,7 +95,7 @@ def _observe_everything() -> tuple[CollectorRegistry, CollectorRegistry]:
     w.oom.inc()
     w.batch_splits.inc()
     w.token_ceiling.set(8192)
-    w.set_device_memory(allocated=1, reserved=2, total=3)
+    w.set_device_memory(allocated=1, reserved=2, total=3, footprint=4, budget=5)
     return a.registry, w.registry
 
 

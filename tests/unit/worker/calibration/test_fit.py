@@ -168,3 +168,41 @@ def test_resolve_ceiling_reasons(tmp_path: Path) -> None:
     save_calibration(tmp_path, _calibration(device="cpu", fit=Fit(GiB, 0.0, 1, 0, 2)))
     n, why, _ = resolve_ceiling(plain, "minilm", "cpu", 256)
     assert n == 8192 and why.startswith("default 8192: calibration") and "did not grow" in why
+
+
+def test_the_ceiling_leaves_room_for_the_context_and_the_other_workers(tmp_path: Path) -> None:
+    """The budget is the process's footprint: the context comes off it, and workers sharing
+    the device split it before anything else."""
+    save_calibration(tmp_path, _calibration(device="cuda:0", context_bytes=GiB // 2))
+    s = Settings(data_dir=tmp_path, memory_budget="4GiB")
+    n, why, _ = resolve_ceiling(s, "minilm", "cuda:0", 256)
+    assert n == int(0.9 * (4 * GiB - GiB // 2 - GiB) / 4096)
+    assert "less the CUDA context 512 MiB" in why
+    two = Settings(data_dir=tmp_path, memory_budget="4GiB", workers_per_device=2)
+    n2, why, _ = resolve_ceiling(two, "minilm", "cuda:0", 256)
+    assert n2 == int(0.9 * (2 * GiB - GiB // 2 - GiB) / 4096)
+    assert "÷ 2 workers on the device = 2.0 GiB" in why
+    # A share that holds the context and the weights but nothing more: one longest item.
+    three = Settings(data_dir=tmp_path, memory_budget="4GiB", workers_per_device=3)
+    assert resolve_ceiling(three, "minilm", "cuda:0", 256).value == 256
+
+
+def test_a_version_1_file_reads_with_no_context(tmp_path: Path) -> None:
+    path = save_calibration(tmp_path, _calibration())
+    raw = json.loads(path.read_text())
+    del raw["context_bytes"]
+    raw["version"] = 1
+    path.write_text(json.dumps(raw))
+    got = load_calibration(tmp_path, "minilm", "torch", "cuda:0")
+    assert got is not None and got.context_bytes == 0 and got.version == 1
+
+
+def test_device_share_and_allocator_fraction() -> None:
+    assert cal.device_share(8 * GiB, 1) == 8 * GiB
+    assert cal.device_share(8 * GiB, 3) == 8 * GiB // 3
+    with pytest.raises(ValueError, match="at least 1"):
+        cal.device_share(GiB, 0)
+    assert cal.allocator_fraction(2 * GiB, GiB // 2, 16 * GiB) == pytest.approx(1.5 / 16)
+    assert cal.allocator_fraction(32 * GiB, 0, 16 * GiB) == 1.0  # never past the device
+    with pytest.raises(ValueError, match="raise INFERQ_MEMORY_BUDGET or run fewer workers"):
+        cal.allocator_fraction(GiB // 2, GiB // 2, 16 * GiB)
