@@ -119,7 +119,11 @@ def main(settings: Settings, model: str | None = None) -> int:
 
         enable_history(device)  # so a snapshot says who allocated (CUDA only)
     loaded = load_model(spec, settings, device, intra_op)
-    bound = bound_device(settings, spec.name, device)
+    try:
+        bound = bound_device(settings, spec.name, device)
+    except ValueError as e:  # a share that cannot hold the CUDA context, a malformed budget
+        log.error("cannot start: %s", e)
+        return 2
     if bound is not None:
         log.info("%s", bound.describe())
     model_threads, intra_op = settle_plan(loaded, settings, (model_threads, intra_op))
