@@ -20,7 +20,13 @@ from inferq.worker.calibration.fit import resolve_ceiling
 from inferq.worker.memory import EXPANDABLE, DeviceBound, bound_device, configure_allocator
 from inferq.worker.models.base import Model, probe_inputs
 from inferq.worker.models.registry import build_model
-from inferq.worker.plan import resolve_backend, resolve_device, settle_plan, thread_plan
+from inferq.worker.plan import (
+    resolve_backend,
+    resolve_device,
+    resolve_dtype,
+    settle_plan,
+    thread_plan,
+)
 from inferq.worker.runtime import Worker
 
 log = logging.getLogger("inferq.worker")
@@ -109,7 +115,11 @@ def main(settings: Settings, model: str | None = None) -> int:
         spec = settings.served_models[spec.name]
     device = resolve_device(settings.device)
     settings = settings.model_copy(
-        update={"backend": resolve_backend(settings.backend, device, spec.target), "device": device}
+        update={
+            "backend": resolve_backend(settings.backend, device, spec.target),
+            "device": device,
+            "dtype": resolve_dtype(settings.dtype, device, spec.target),
+        }
     )
     if device.startswith("cuda") and configure_allocator(os.environ):
         log.info("torch's CUDA allocator: PYTORCH_CUDA_ALLOC_CONF=%s", EXPANDABLE)

@@ -227,7 +227,9 @@ def backend_key(settings: Any) -> str:
     """What the calibration is keyed by besides model and device: the runtime and precision."""
     if settings.backend == "onnx":
         return "onnx" if settings.onnx_variant == "fp32" else f"onnx-{settings.onnx_variant}"
-    return "torch" if settings.dtype == "float32" else f"torch-{settings.dtype}"
+    # "auto" is resolved before a worker or a calibration names its file; unresolved it
+    # counts as float32, what it means on a CPU.
+    return "torch" if settings.dtype in ("float32", "auto") else f"torch-{settings.dtype}"
 
 
 def calibration_path(data_dir: Path | str, model: str, backend: str, device: str) -> Path:

@@ -221,13 +221,16 @@ def calibrate(settings: Settings, args: CalibrateOptions) -> tuple[Calibration, 
     """Load `settings.model` on `settings.device`, probe, fit, write the file; returns the
     calibration and its path. Raises ValueError for a malformed budget before loading."""
     from inferq.worker.models.registry import build_model
-    from inferq.worker.plan import resolve_backend, resolve_device
+    from inferq.worker.plan import resolve_backend, resolve_device, resolve_dtype
 
     parse_budget(args.budget, 1)  # fail on a malformed budget before loading anything
     device = resolve_device(settings.device)
     spec = settings.default_model
     backend_name = resolve_backend(settings.backend, device, spec.target)
-    settings = settings.model_copy(update={"device": device, "backend": backend_name})
+    dtype = resolve_dtype(settings.dtype, device, spec.target)
+    settings = settings.model_copy(
+        update={"device": device, "backend": backend_name, "dtype": dtype}
+    )
     backend = backend_key(settings)
     kind = "cuda" if device.startswith("cuda") else "cpu"
     meter = _Meter(device, backend)

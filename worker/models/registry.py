@@ -31,6 +31,7 @@ from inferq.worker.models.base import (
     Prepared,
     unknown_parameters,
 )
+from inferq.worker.plan import resolve_dtype
 
 
 class LegacyModel:
@@ -94,7 +95,8 @@ def _minilm(settings: Settings, threads: int) -> Model:
         )
     from inferq.worker.models.minilm import MiniLM
 
-    return MiniLM(settings.model_path, dtype=settings.dtype, torchscript=settings.torchscript)
+    dtype = resolve_dtype(settings.dtype, settings.device, "minilm")
+    return MiniLM(settings.model_path, dtype=dtype, torchscript=settings.torchscript)
 
 
 def _minilm_null(settings: Settings, threads: int) -> Model:

@@ -61,3 +61,13 @@ def test_eager_fallback_returns_to_one_batch(monkeypatch: pytest.MonkeyPatch) ->
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_dtype_auto_is_float16_for_minilm_on_cuda_only() -> None:
+    from inferq.worker.plan import resolve_dtype
+
+    assert resolve_dtype("auto", "cuda", "minilm") == "float16"
+    assert resolve_dtype("auto", "cuda:1", "minilm") == "float16"
+    assert resolve_dtype("auto", "cpu", "minilm") == "float32"
+    assert resolve_dtype("auto", "cuda", "efficientnet-lite0") == "float32"
+    assert resolve_dtype("float32", "cuda", "minilm") == "float32"  # an explicit choice stays
