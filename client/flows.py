@@ -12,6 +12,9 @@ Invariants:
   one) and sent on every attempt of that request, so a retry after a lost answer returns the
   job the first attempt created;
 - `wait` never waits past its `timeout_s`: each long-poll asks at most for the time left;
+- no call waits without a bound: `wait` without `timeout_s` waits `DEFAULT_WAIT_S`, `infer`
+  its job's deadline plus `DEADLINE_GRACE_S` (else `DEFAULT_WAIT_S`), then `WaitTimeout`
+  (a job whose model no worker serves stays queued, and a call must not stay with it);
 - a flow raises only `InferqError`s (and `TypeError`/`ValueError` for a wrong argument).
 """
 
@@ -40,6 +43,13 @@ Flow: TypeAlias = Generator[Step, Outcome, T]
 # is stopping answers open long-polls at once, a lower INFERQ_MAX_LONG_POLL_S cuts them short.
 # Pausing this long before the next one keeps such a loop from spinning.
 EARLY_ANSWER_PAUSE_S = 0.25
+# How long a wait lasts when no `timeout_s` says: long enough for any healthy queue, short
+# enough that a job nobody serves surfaces as a `WaitTimeout` (its job attached) rather than a
+# hang. `timeout_s=math.inf` waits without a bound, on purpose.
+DEFAULT_WAIT_S = 300.0
+# `infer` with a deadline waits that long past it: the API ends an expired job (status
+# `expired`) within a sweep; this is only the backstop should that answer never come.
+DEADLINE_GRACE_S = 30.0
 
 
 def new_key() -> str:
@@ -116,24 +126,26 @@ class Flows:
 
     def wait(self, job_id: str, timeout_s: float | None) -> Flow[Job]:
         """Long-poll until the job is final: the succeeded job, else `JobFailed`;
-        `WaitTimeout` once `timeout_s` passed (None: until final, which every job is by its
-        deadline)."""
-        deadline = None if timeout_s is None else self.clock() + timeout_s
+        `WaitTimeout` once `timeout_s` passed (None: `DEFAULT_WAIT_S`)."""
+        limit_s = DEFAULT_WAIT_S if timeout_s is None else timeout_s
+        return (yield from self._wait_until(job_id, self.clock() + limit_s, limit_s))
+
+    def _wait_until(self, job_id: str, deadline: float, limit_s: float) -> Flow[Job]:
+        """`wait` up to the monotonic `deadline`; `limit_s` is the bound the caller chose
+        (named by the `WaitTimeout`)."""
         while True:
             poll_s = self._poll_s(deadline)
             asked = self.clock()
             job = yield from self.get(job_id, poll_s)
             if job.status.is_final:
                 return finished(job)
-            if deadline is not None and self.clock() >= deadline:
-                raise WaitTimeout(job, timeout_s or 0.0)
+            if self.clock() >= deadline:
+                raise WaitTimeout(job, limit_s)
             if self.clock() - asked < poll_s / 2:
                 yield Sleep(min(EARLY_ANSWER_PAUSE_S, self._poll_s(deadline)))
 
-    def _poll_s(self, deadline: float | None) -> float:
+    def _poll_s(self, deadline: float) -> float:
         """How long the next long-poll may ask for: the client's long-poll, or what is left."""
-        if deadline is None:
-            return self.long_poll_s
         return max(0.0, min(self.long_poll_s, deadline - self.clock()))
 
     def cancel(self, job_id: str) -> Flow[Job]:
@@ -151,7 +163,12 @@ class Flows:
         return decode_job(reply)
 
     def infer(self, body: dict[str, Any], key: str | None) -> Flow[Job]:
-        """POST /v1/infer, then long-poll the job until final if it answered 202."""
+        """POST /v1/infer, then long-poll the job until final if it answered 202; at most its
+        deadline (`timeout_s` in `body`) plus `DEADLINE_GRACE_S`, else `DEFAULT_WAIT_S`, from
+        the call's start, then `WaitTimeout` (the job is left as it is: wait again or cancel)."""
+        deadline_s = body.get("timeout_s")
+        limit_s = DEFAULT_WAIT_S if deadline_s is None else float(deadline_s) + DEADLINE_GRACE_S
+        until = self.clock() + limit_s
         body = {**body, "wait": self.long_poll_s}
         key = key or new_key()
         call = Call("POST", "/v1/infer", body, idempotency_key=key, wait_s=self.long_poll_s)
@@ -160,16 +177,17 @@ class Flows:
             raise reply.error()
         job = decode_job(reply)
         if not job.status.is_final:
-            job = yield from self.wait(job.id, None)
+            job = yield from self._wait_until(job.id, until, limit_s)
         return finished(job)
 
     def embed(self, body: dict[str, Any], key: str | None) -> Flow[np.ndarray]:
         """POST /v1/embeddings: a float32 (n, dim) array; on 202 the job is long-polled."""
         key = key or new_key()
+        until = self.clock() + DEFAULT_WAIT_S
         call = Call("POST", "/v1/embeddings", body, idempotency_key=key, wait_s=body["wait"])
         reply, _ = yield from self.exchange(call)
         if reply.status == 202 and reply.is_job:
-            job = yield from self.wait(decode_job(reply).id, None)
+            job = yield from self._wait_until(decode_job(reply).id, until, DEFAULT_WAIT_S)
             return job_vectors(job)
         if not reply.ok:
             raise reply.error()

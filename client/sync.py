@@ -112,7 +112,8 @@ class Client:
 
     def wait(self, job_id: str, timeout_s: float | None = None) -> Job:
         """Long-poll until final: the succeeded job; `JobFailed` if it ended otherwise,
-        `WaitTimeout` if still not final after `timeout_s` (None: no limit)."""
+        `WaitTimeout` if still not final after `timeout_s` (None: `DEFAULT_WAIT_S`, 300 s;
+        `math.inf` waits without a bound)."""
         return self._run(self._flows.wait(job_id, timeout_s))
 
     def cancel(self, job_id: str) -> Job:
@@ -132,7 +133,8 @@ class Client:
         idempotency_key: str | None = None,
     ) -> Job:
         """Submit and wait (POST /v1/infer, then long-polls): the succeeded job, or
-        `JobFailed`. Its deadline `timeout_s` bounds the wait: every job ends by then."""
+        `JobFailed`. The wait is bounded: by the job's deadline `timeout_s` plus 30 s, or
+        without one by `DEFAULT_WAIT_S` (300 s); then `WaitTimeout`, its job still running."""
         body = job_body(
             inputs,
             input,

@@ -67,10 +67,26 @@ _REFUSALS_IN_SCRIPTS = ("OOM command not allowed", "READONLY", "MASTERDOWN", "TR
 _REFUSAL_CODES = ("NOREPLICAS", "MISCONF", "BUSY", "LOADING", "OOM", "READONLY", "MASTERDOWN")
 
 
-def is_refusal(e: ResponseError) -> bool:
-    """A Redis refusal that redis-py left as a plain ResponseError: one of `REDIS_DOWN`'s
-    inside a script (Redis 6.2), or one whose error code is in `_REFUSAL_CODES`."""
+# redis-py puts this before the server's reply when a command of a pipeline (or of a
+# MULTI/EXEC) fails: "Command # 2 (SET k 1) of pipeline caused error: NOREPLICAS ...".
+_PIPELINE_PREFIX = "Command # "
+_PIPELINE_SEP = " of pipeline caused error: "
+
+
+def server_reply(e: ResponseError) -> str:
+    """The server's error reply inside `e`, without redis-py's pipeline annotation (applied
+    once per pipeline that raised it, so possibly more than once)."""
     msg = str(e)
+    while msg.startswith(_PIPELINE_PREFIX) and _PIPELINE_SEP in msg:
+        msg = msg.split(_PIPELINE_SEP, 1)[1]
+    return msg
+
+
+def is_refusal(e: ResponseError) -> bool:
+    """A Redis refusal that redis-py left as a plain ResponseError, from a single command, a
+    pipeline or a script: one whose error code is in `_REFUSAL_CODES` (Redis 7 puts it first,
+    scripts included), or one of `REDIS_DOWN`'s inside a script error (Redis 6.2)."""
+    msg = server_reply(e)
     if msg.split(" ", 1)[0] in _REFUSAL_CODES:
         return True
     return "script" in msg and any(r in msg for r in (*_REFUSALS_IN_SCRIPTS, *_REFUSAL_CODES))

@@ -47,11 +47,24 @@ class Heartbeat:
         self._warned_stuck = False
 
     async def loop(self) -> None:
+        """Beat every `period_s` until cancelled. Redis down or refusing writes (NOREPLICAS,
+        MISCONF, OOM: all `QueueUnavailable`) skips beats, never ends the loop: the next
+        period is the retry, and one line says when beats stopped and when they resumed."""
+        failing_since: float | None = None
         while True:
             try:
                 await self.beat()
             except QueueUnavailable as e:  # the intake reconnects; beats resume after
-                log.debug("heartbeat skipped: %s", e)
+                if failing_since is None:
+                    failing_since = asyncio.get_running_loop().time()
+                    log.warning("heartbeat failing (%s); retrying every %gs", e, self.period_s)
+            else:
+                if failing_since is not None:
+                    log.info(
+                        "heartbeat resumed after %.1fs",
+                        asyncio.get_running_loop().time() - failing_since,
+                    )
+                    failing_since = None
             await asyncio.sleep(self.period_s)
 
     async def beat(self) -> None:

@@ -28,8 +28,11 @@ a webhook is refused (422). Keys are never logged nor written to Redis.
 | any other status: 3xx (redirects are not followed), 4xx | dead at once: the receiver said no |
 | the URL now fails the SSRF guard (`webhooks.ssrf`), or its host is no DNS name | dead at once |
 
-408, 429, 5xx, timeouts and connection errors also count against the target's circuit
-breaker (`webhooks.targets`); any other answer shows the target alive.
+Only timeouts and connection errors count against the target's circuit breaker
+(`webhooks.targets`): they are what holds delivery slots. Any HTTP answer, 408, 429 and 5xx
+included, came back promptly and shows the target alive; a delivery answered 5xx waits out
+its own backoff, so a receiver that fails a few attempts of each delivery still gets every
+one within its schedule instead of behind an open circuit's cooldown.
 """
 
 from __future__ import annotations
@@ -240,17 +243,20 @@ class Outcome:
     kind: Kind
     reason: str = ""
     retry_after_s: float | None = None  # what a 429/503 asked for
-    # What the attempt says about the target, for its circuit breaker: True it answered,
-    # False it failed (timeout, connection error, 408/429/5xx), None no request was made.
+    # What the attempt says about the target, for its circuit breaker: True it answered
+    # (any status: 5xx too), False it did not (timeout, connection error: what holds a
+    # slot), None no request was made.
     target_ok: bool | None = None
 
 
 def outcome_of(status: int, retry_after: str | None) -> Outcome:
+    """What an HTTP answer means. Every answer, 5xx included, shows the target reachable
+    (`target_ok=True`): a failing answer is the delivery's to retry, not the breaker's."""
     if 200 <= status < 300:
         return Outcome("delivered", f"HTTP {status}", target_ok=True)
     if status in (408, 429) or status >= 500:
         wait = float(retry_after) if retry_after and retry_after.strip().isdigit() else None
-        return Outcome("retry", f"HTTP {status}", wait, target_ok=False)
+        return Outcome("retry", f"HTTP {status}", wait, target_ok=True)
     # 3xx: redirects are not followed (each hop would need the SSRF guard, and a moved
     # endpoint is a configuration to fix); other 4xx: the receiver refuses this delivery.
     return Outcome("dead", f"HTTP {status}", target_ok=True)

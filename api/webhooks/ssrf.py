@@ -177,12 +177,18 @@ def parse_url(url: str) -> httpx.URL:
         raise WebhookRefused(f"webhook url is not a valid URL: {e}") from e
     if parsed.scheme not in SCHEMES:
         raise WebhookRefused(f"webhook url scheme {parsed.scheme!r} is not http or https")
-    if not parsed.host:
+    raw_host = parsed.raw_host.decode("ascii", "replace")
+    try:
+        # `host` decodes an IDNA name, and httpx parses A-labels it cannot decode
+        # ('xn--a-': "A-label must not end with a hyphen"): refused here, not a 500 later.
+        host = parsed.host
+    except ValueError as e:  # idna.IDNAError is a UnicodeError
+        raise WebhookRefused(f"webhook host {raw_host} is not a valid host name: {e}") from e
+    if not host:
         raise WebhookRefused("webhook url has no host")
-    literal = _literal(parsed.host) is not None
-    problem = None if literal else _name_problem(parsed.raw_host.decode("ascii"))
+    problem = None if _literal(host) is not None else _name_problem(raw_host)
     if problem is not None:
-        raise WebhookRefused(f"webhook host {parsed.host} is not a valid host name: {problem}")
+        raise WebhookRefused(f"webhook host {host} is not a valid host name: {problem}")
     if parsed.userinfo:
         # It would sit in Redis in the clear and travel in every log of the URL; the
         # signature is what authenticates inferq to the receiver.

@@ -13,9 +13,13 @@ One target's circuit:
                                                        │ the probe fails
                                                        └──▶ open again (a new cooldown)
 
-A failed attempt is a timeout, a connection error, or a 408/429/5xx (`Outcome.target_ok`);
-any other answer shows the target alive and closes its circuit. An attempt that made no
-request (the SSRF guard refused the URL, no signing key) tells nothing either way.
+A failed attempt is a timeout or a connection error (`Outcome.target_ok`): what holds a
+delivery slot for a whole attempt budget, and what the breaker exists to stop. Any HTTP
+answer, 5xx included, came back and shows the target alive, closing its circuit: a receiver
+that answers 500 to some attempts gets them retried on each delivery's own backoff, not
+cut off for `cooldown_s` (five quick 500s once held every delivery 30 s per probe). An
+attempt that made no request (the SSRF guard refused the URL, no signing key) tells nothing
+either way.
 
 `admit` never waits: it answers a `Ticket` (attempt now, give it back with `release`) or a
 `Defer` (how long to put the delivery aside). The dispatcher puts a deferred delivery back

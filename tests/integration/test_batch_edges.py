@@ -13,8 +13,8 @@ import orjson
 from tests.integration.stack import Stack, wait_for
 from tests.integration.test_edges import GROWTH_BOUND_BYTES, STALL_BOUND_S, measure
 
-A = {"Authorization": "Bearer key-a"}
-B = {"Authorization": "Bearer key-b"}
+A = {"Authorization": "Bearer key-a-0123456789"}
+B = {"Authorization": "Bearer key-b-0123456789"}
 
 
 def _upload_raw(base: str, data: bytes, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -109,7 +109,9 @@ def test_a_line_too_big_to_parse_fails_alone(stack: Stack) -> None:
 
 
 def test_tenant_quotas_answer_429_and_show_in_usage(stack: Stack) -> None:
-    base = stack.api(api_keys="a:key-a,b:key-b", tenant_max_files=2, tenant_max_batches=1)
+    base = stack.api(
+        api_keys="a:key-a-0123456789,b:key-b-0123456789", tenant_max_files=2, tenant_max_batches=1
+    )
     lines = b"\n".join(_line(f"c{i}", {"input": "x"}) for i in range(3)) + b"\n"
     first = _upload_raw(base, lines, A).json()["id"]
     assert _upload_raw(base, lines, A).status_code == 200
@@ -132,7 +134,9 @@ def test_a_tenant_with_one_batch_is_not_queued_behind_anothers_many(stack: Stack
     """A process runs 4 batches at once. Tenant a queues 12 slow ones, then b one: b's takes
     the first slot that frees, not a place after a's twelve."""
     stack.worker(echo_batch_delay_ms=400)
-    base = stack.api(api_keys="a:key-a,b:key-b", batch_in_flight=1, tenant_max_batches=20)
+    base = stack.api(
+        api_keys="a:key-a-0123456789,b:key-b-0123456789", batch_in_flight=1, tenant_max_batches=20
+    )
     lines = b"\n".join(_line(f"c{i}", {"input": f"x{i}"}) for i in range(4)) + b"\n"
     files_a = [_upload_raw(base, lines, A).json()["id"] for _ in range(12)]
     file_b = _upload_raw(base, lines, B).json()["id"]

@@ -194,12 +194,12 @@ def test_cancelled_while_its_holder_is_dead(stack: Stack) -> None:
 
 def test_tenants_and_refusals(stack: Stack) -> None:
     base = stack.api(
-        api_keys="alpha:key-a,beta:key-b",
+        api_keys="alpha:key-a-0123456789,beta:key-b-0123456789",
         max_batch_file_bytes=4000,
         max_body_bytes=2000,
         max_batch_lines=20,
     )
-    a, b = _client(base, "key-a"), _client(base, "key-b")
+    a, b = _client(base, "key-a-0123456789"), _client(base, "key-b-0123456789")
     lines = [_line(f"c{i}", {"input": f"text {i} " + "x" * 100}) for i in range(20)]
     data = b"\n".join(lines)
     assert 2000 < len(data) < 4000  # over INFERQ_MAX_BODY_BYTES: uploads have their own limit

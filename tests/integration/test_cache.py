@@ -84,16 +84,18 @@ def test_an_idempotency_key_repeat_returns_the_first_cached_job(stack: Stack) ->
 
 def test_tenants_do_not_share_entries_unless_told_to(stack: Stack) -> None:
     stack.worker()
-    tenants = "alpha:key-a,beta:key-b"
+    tenants = "alpha:key-a-0123456789,beta:key-b-0123456789"
     private = stack.api(cache_ttl_s=60, api_keys=tenants)
     body = {"input": "a private sentence"}
-    assert _infer(private, body, "key-a")["timings"]["cached"] is False
-    assert _infer(private, body, "key-a")["timings"]["cached"] is True
-    assert _infer(private, body, "key-b")["timings"]["cached"] is False  # beta's own miss
+    assert _infer(private, body, "key-a-0123456789")["timings"]["cached"] is False
+    assert _infer(private, body, "key-a-0123456789")["timings"]["cached"] is True
+    assert (
+        _infer(private, body, "key-b-0123456789")["timings"]["cached"] is False
+    )  # beta's own miss
     shared = stack.api(cache_ttl_s=60, api_keys=tenants, cache_shared="true")
     body = {"input": "a shared sentence"}
-    assert _infer(shared, body, "key-a")["timings"]["cached"] is False
-    assert _infer(shared, body, "key-b")["timings"]["cached"] is True
+    assert _infer(shared, body, "key-a-0123456789")["timings"]["cached"] is False
+    assert _infer(shared, body, "key-b-0123456789")["timings"]["cached"] is True
 
 
 def test_new_weights_make_new_keys(stack: Stack, tmp_path: Any) -> None:

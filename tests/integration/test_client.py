@@ -138,8 +138,8 @@ def test_the_async_client_round_trips_the_same(stack: Stack) -> None:
 
 
 def test_real_errors_land_in_the_tree(stack: Stack) -> None:
-    base = stack.api(api_keys="alpha:key-a")  # no worker: a job stays queued
-    with Client(base, api_key="key-a", timeout=10) as c:
+    base = stack.api(api_keys="alpha:key-a-0123456789")  # no worker: a job stays queued
+    with Client(base, api_key="key-a-0123456789", timeout=10) as c:
         with pytest.raises(NotFound) as missing:
             c.get("doesnotexist")
         assert (missing.value.status, missing.value.code) == (404, "not_found")
@@ -224,9 +224,9 @@ def test_inferq_submit_and_get_on_the_command_line(stack: Stack) -> None:
     from tests.integration.stack import ROOT
 
     stack.worker()
-    base = stack.api(api_keys="ops:key-cli")
+    base = stack.api(api_keys="ops:key-cli-0123456789")
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
-    env["INFERQ_CLIENT_KEY"] = "key-cli"
+    env["INFERQ_CLIENT_KEY"] = "key-cli-0123456789"
 
     def inferq(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

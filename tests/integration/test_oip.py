@@ -181,7 +181,7 @@ def test_what_the_client_raises_for_refusals(stack: Stack) -> None:
 
 def test_a_tenants_key_via_headers(stack: Stack) -> None:
     stack.worker()
-    base = stack.api(api_keys="acme:key-acme")
+    base = stack.api(api_keys="acme:key-acme-0123456789")
     client = _client(base)
     assert client.is_server_live() and client.is_server_ready()  # open, as /healthz, /readyz
     with pytest.raises(InferenceServerException) as e:
@@ -190,7 +190,7 @@ def test_a_tenants_key_via_headers(stack: Stack) -> None:
     with pytest.raises(InferenceServerException) as e:
         client.infer("echo", [_texts(["hi"])], headers={"Authorization": "Bearer wrong"})
     assert _status(e) == "401"
-    auth = {"Authorization": "Bearer key-acme"}
+    auth = {"Authorization": "Bearer key-acme-0123456789"}
     result = client.infer("echo", [_texts(["hi"])], headers=auth)
     np.testing.assert_array_equal(result.as_numpy("vector")[0], expected_vector("hi"))
     assert client.get_model_metadata("echo", headers=auth)["name"] == "echo"

@@ -11,8 +11,8 @@ from inferq.shared import keys
 from inferq.shared.schema import JobField
 from tests.integration.stack import Stack, wait_for
 
-A = {"Authorization": "Bearer key-a"}
-B = {"Authorization": "Bearer key-b"}
+A = {"Authorization": "Bearer key-a-0123456789"}
+B = {"Authorization": "Bearer key-b-0123456789"}
 
 
 def _post(
@@ -29,7 +29,9 @@ def _final(base: str, job_id: str, headers: dict[str, str] | None = None) -> dic
 
 
 def test_one_tenant_cannot_fill_the_queue_for_another(stack: Stack) -> None:
-    base = stack.api(api_keys="a:key-a,b:key-b", max_queue=20, tenant_queue_share=0.5)
+    base = stack.api(
+        api_keys="a:key-a-0123456789,b:key-b-0123456789", max_queue=20, tenant_queue_share=0.5
+    )
     accepted = [_post(base, {"input": f"a{i}"}, A) for i in range(10)]
     assert all(r.status_code == 202 for r in accepted)
     refused = _post(base, {"input": "a-more"}, A)

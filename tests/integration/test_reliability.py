@@ -186,18 +186,21 @@ def test_queue_position_and_eta(stack: Stack) -> None:
 
 
 def test_auth_and_tenant_isolation(stack: Stack) -> None:
-    base = stack.api(api_keys="alpha:key-alpha-123,beta:key-beta-456", admin_keys="ops:key-ops-789")
+    base = stack.api(
+        api_keys="alpha:key-alpha-123-0123456789,beta:key-beta-456-0123456789",
+        admin_keys="ops:key-ops-789-0123456789",
+    )
     assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
     assert _post(base, {"input": "x"}).status_code == 401
     bad = _post(base, {"input": "x"}, headers={"Authorization": "Bearer wrong"})
     assert bad.status_code == 401 and bad.headers["www-authenticate"] == "Bearer"
-    alpha = {"Authorization": "Bearer key-alpha-123"}
-    beta = {"Authorization": "Bearer key-beta-456"}
+    alpha = {"Authorization": "Bearer key-alpha-123-0123456789"}
+    beta = {"Authorization": "Bearer key-beta-456-0123456789"}
     job = _post(base, {"input": "secret"}, headers=alpha).json()
     assert httpx.get(f"{base}/v1/jobs/{job['id']}", headers=alpha, timeout=5).status_code == 200
     assert httpx.get(f"{base}/v1/jobs/{job['id']}", headers=beta, timeout=5).status_code == 404
     assert httpx.delete(f"{base}/v1/jobs/{job['id']}", headers=beta, timeout=5).status_code == 404
-    ops = {"Authorization": "Bearer key-ops-789"}
+    ops = {"Authorization": "Bearer key-ops-789-0123456789"}
     for path in ("/v1/health", "/v1/models", "/metrics"):
         assert httpx.get(f"{base}{path}", timeout=5).status_code == 401, path
         assert httpx.get(f"{base}{path}", headers=ops, timeout=5).status_code in (200, 503), path
@@ -212,8 +215,11 @@ def test_auth_and_tenant_isolation(stack: Stack) -> None:
     assert all("workers" in m and "target" in m for m in theirs)
     assert httpx.get(f"{base}/openapi.json", timeout=5).status_code == 404
     assert httpx.get(f"{base}/readyz", timeout=5).status_code in (200, 503)
-    assert "key-alpha-123" not in stack.logs() and "key-beta-456" not in stack.logs()
-    assert "key-ops-789" not in stack.logs()
+    assert (
+        "key-alpha-123-0123456789" not in stack.logs()
+        and "key-beta-456-0123456789" not in stack.logs()
+    )
+    assert "key-ops-789-0123456789" not in stack.logs()
 
 
 def test_redis_outage_gives_503_and_recovers(stack: Stack, redis_server) -> None:  # type: ignore[no-untyped-def]

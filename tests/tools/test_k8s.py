@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from inferq.api.core.auth import load_admin_keys, load_api_keys
 from inferq.api.routes import health, observability
@@ -57,6 +58,32 @@ def _applied(variant: str) -> dict[tuple[str, str], dict[str, Any]]:
 
 def _of(objs: dict[tuple[str, str], dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [o for (k, _), o in sorted(objs.items()) if k == kind]
+
+
+# The Secrets ship without working values (empty keys, a placeholder Redis password): what an
+# operator fills in before applying, as the recipes in auth.yaml and redis.yaml say.
+_PROMETHEUS = "5c1a9e" * 4
+OPERATOR = {
+    "INFERQ_API_KEYS": "alpha:" + "a1b2c3" * 4,
+    "INFERQ_ADMIN_KEYS": f"prometheus:{_PROMETHEUS},ops:" + "d4e5f6" * 4,
+    "prometheus-token": _PROMETHEUS,
+    "redis-password": "r3al-redis-pa55",
+}
+
+
+def _filled(objs: dict[tuple[str, str], dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """`objs` with every Secret filled in as the operator would."""
+    out = dict(objs)
+    for (kind, name), o in objs.items():
+        if kind != "Secret":
+            continue
+        data = {k: OPERATOR.get(k, v) for k, v in (o.get("stringData") or {}).items()}
+        if "INFERQ_REDIS_URL" in data:
+            data["INFERQ_REDIS_URL"] = data["INFERQ_REDIS_URL"].replace(
+                ":change-me@", f":{OPERATOR['redis-password']}@"
+            )
+        out[(kind, name)] = {**o, "stringData": data}
+    return out
 
 
 def _containers(deployment: dict[str, Any]) -> list[dict[str, Any]]:
@@ -102,9 +129,11 @@ def test_every_inferq_name_is_a_setting(variant: str) -> None:
     names = list(_inferq_names(_applied(variant)))
     unknown = [(where, n) for where, n in names if n.startswith("INFERQ_") and n not in settings]
     assert not unknown
-    # And their values validate: the ConfigMap and Secret as Settings would read them.
-    for c in _containers(_applied(variant)[("Deployment", "inferq-api")]):
-        env = {k: v for k, v in _env(_applied(variant), c).items() if k.startswith("INFERQ_")}
+    # And their values validate: the ConfigMap and Secret as Settings would read them, once
+    # the operator has filled the Secrets in.
+    objs = _filled(_applied(variant))
+    for c in _containers(objs[("Deployment", "inferq-api")]):
+        env = {k: v for k, v in _env(objs, c).items() if k.startswith("INFERQ_")}
         Settings(**{k.removeprefix("INFERQ_").lower(): v for k, v in env.items()})
 
 
@@ -117,7 +146,7 @@ def test_the_sentinel_variant_sets_sentinels() -> None:
 
 
 def test_the_cluster_variant_shards_the_queue_and_waits_for_a_replica() -> None:
-    secret = _applied("cluster")[("Secret", "inferq-redis")]["stringData"]
+    secret = _filled(_applied("cluster"))[("Secret", "inferq-redis")]["stringData"]
     settings = Settings(**{k.removeprefix("INFERQ_").lower(): v for k, v in secret.items()
                            if k.startswith("INFERQ_")})  # fmt: skip
     assert settings.redis_cluster and settings.stream_shards > 1
@@ -236,14 +265,25 @@ def _api_settings(objs: dict[tuple[str, str], dict[str, Any]]) -> Settings:
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+def test_the_shipped_secrets_hold_no_working_values(variant: str) -> None:
+    """Applied as shipped, the API refuses to start, naming each setting to fill in."""
+    with pytest.raises(ValidationError) as e:
+        _api_settings(_applied(variant))
+    message = str(e.value)
+    for setting in ("INFERQ_API_KEYS", "INFERQ_ADMIN_KEYS", "INFERQ_REDIS_URL"):
+        assert setting in message, (setting, message)
+    assert "placeholder password" in message
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_api_requires_tenant_and_admin_keys(variant: str) -> None:
-    settings = _api_settings(_applied(variant))
+    settings = _api_settings(_filled(_applied(variant)))
     assert load_api_keys(settings), "no INFERQ_API_KEYS: every caller is one anonymous tenant"
     assert load_admin_keys(settings), "no INFERQ_ADMIN_KEYS: /metrics and /v1/health closed"
 
 
 def test_prometheus_scrapes_api_metrics_with_an_admin_key() -> None:
-    objs = _applied("single")
+    objs = _filled(_applied("single"))
     assert "/metrics" in {r.path for r in observability.admin.routes}  # type: ignore[attr-defined]
     (monitor,) = _of(objs, "ServiceMonitor")
     service = next(

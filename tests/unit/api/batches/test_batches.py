@@ -267,7 +267,9 @@ async def test_upload_limit_routes_by_path() -> None:
 @pytest.fixture
 def client(make_app: MakeApp) -> TestClient:
     return make_app(
-        api_keys="alpha:ka,beta:kb", max_batch_file_bytes=3000, max_body_bytes=1000
+        api_keys="alpha:ka-0123456789abcdef,beta:kb-0123456789abcdef",
+        max_batch_file_bytes=3000,
+        max_body_bytes=1000,
     ).client
 
 
@@ -281,9 +283,12 @@ def _upload(c: TestClient, key: str, data: bytes, purpose: str = "batch"):  # ty
 
 
 def test_files_by_tenant(client: TestClient) -> None:
-    a, b = {"authorization": "Bearer ka"}, {"authorization": "Bearer kb"}
+    a, b = (
+        {"authorization": "Bearer ka-0123456789abcdef"},
+        {"authorization": "Bearer kb-0123456789abcdef"},
+    )
     data = b"x" * 2000  # over INFERQ_MAX_BODY_BYTES: uploads have their own limit
-    r = _upload(client, "ka", data)
+    r = _upload(client, "ka-0123456789abcdef", data)
     assert r.status_code == 200, r.text
     f = r.json()
     assert f["bytes"] == 2000 and f["purpose"] == "batch" and f["id"].startswith("file-")
@@ -300,18 +305,22 @@ def test_files_by_tenant(client: TestClient) -> None:
 
 
 def test_upload_refusals(client: TestClient) -> None:
-    r = _upload(client, "ka", b"x" * 3001)
+    r = _upload(client, "ka-0123456789abcdef", b"x" * 3001)
     assert r.status_code == 413 and "INFERQ_MAX_BATCH_FILE_BYTES=3000" in r.text
-    r = _upload(client, "ka", b"{}", purpose="fine-tune")
+    r = _upload(client, "ka-0123456789abcdef", b"{}", purpose="fine-tune")
     assert r.status_code == 422 and "'fine-tune'" in r.json()["error"]["message"]
-    r = client.post("/v1/files", json={"purpose": "batch"}, headers={"authorization": "Bearer ka"})
+    r = client.post(
+        "/v1/files",
+        json={"purpose": "batch"},
+        headers={"authorization": "Bearer ka-0123456789abcdef"},
+    )
     assert r.status_code == 422 and "multipart" in r.json()["error"]["message"]
 
 
 def test_batch_refusals(client: TestClient) -> None:
-    a = {"authorization": "Bearer ka"}
+    a = {"authorization": "Bearer ka-0123456789abcdef"}
     line = orjson.dumps(_req("c", {"input": "a"}))
-    fid = _upload(client, "ka", line + b"\n" + line).json()["id"]
+    fid = _upload(client, "ka-0123456789abcdef", line + b"\n" + line).json()["id"]
     body = {"input_file_id": fid, "endpoint": EP, "completion_window": "24h"}
     cases = [
         ({"endpoint": "/v1/chat/completions"}, 422, "'/v1/chat/completions'"),
@@ -328,21 +337,29 @@ def test_batch_refusals(client: TestClient) -> None:
 
 
 def test_file_quotas_name_their_setting(make_app: MakeApp) -> None:
-    c = make_app(api_keys="alpha:ka,beta:kb", tenant_max_files=2, tenant_max_file_bytes=1000).client
-    assert _upload(c, "ka", b"x" * 600).status_code == 200
-    r = _upload(c, "ka", b"x" * 500)
+    c = make_app(
+        api_keys="alpha:ka-0123456789abcdef,beta:kb-0123456789abcdef",
+        tenant_max_files=2,
+        tenant_max_file_bytes=1000,
+    ).client
+    assert _upload(c, "ka-0123456789abcdef", b"x" * 600).status_code == 200
+    r = _upload(c, "ka-0123456789abcdef", b"x" * 500)
     assert r.status_code == 429 and r.headers["retry-after"]
     assert "INFERQ_TENANT_MAX_FILE_BYTES=1000" in r.json()["error"]["message"]
-    assert _upload(c, "kb", b"x" * 500).status_code == 200  # beta's quota is its own
-    kept = _upload(c, "ka", b"x" * 400).json()["id"]  # 2 files, 1000 bytes: full, not over
-    r = _upload(c, "ka", b"x")
+    assert (
+        _upload(c, "kb-0123456789abcdef", b"x" * 500).status_code == 200
+    )  # beta's quota is its own
+    kept = _upload(c, "ka-0123456789abcdef", b"x" * 400).json()[
+        "id"
+    ]  # 2 files, 1000 bytes: full, not over
+    r = _upload(c, "ka-0123456789abcdef", b"x")
     assert r.status_code == 429 and "INFERQ_TENANT_MAX_FILES=2" in r.json()["error"]["message"]
     # Refused before the upload is read: a form without 'purpose' gets the 429, not a 422.
-    a = {"authorization": "Bearer ka"}
+    a = {"authorization": "Bearer ka-0123456789abcdef"}
     r = c.post("/v1/files", files={"file": ("in.jsonl", io.BytesIO(b"{}"))}, headers=a)
     assert r.status_code == 429, r.text
     assert c.delete(f"/v1/files/{kept}", headers=a).status_code == 200  # room again
-    assert _upload(c, "ka", b"x" * 400).status_code == 200
+    assert _upload(c, "ka-0123456789abcdef", b"x" * 400).status_code == 200
 
 
 async def test_usage_counts_uploads_and_outputs_and_forgets_expired_files() -> None:

@@ -81,8 +81,12 @@ class Settled:
         return self.calls[-1]
 
 
+REFUSED = 0  # the fake receiver's "status" for a connection refused: nobody listening
+
+
 class Receiver:
-    """A fake transport: answers `status` and keeps the requests."""
+    """A fake transport: answers `status` (`REFUSED`: refuses the connection) and keeps the
+    requests."""
 
     def __init__(self, status: int = 204) -> None:
         self.status = status
@@ -90,6 +94,8 @@ class Receiver:
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
+        if self.status == REFUSED:
+            raise httpx.ConnectError("connection refused", request=request)
         return httpx.Response(self.status)
 
 
@@ -209,7 +215,7 @@ async def test_a_delivery_to_a_target_at_its_limit_is_deferred_unattempted(rig: 
 
 
 async def test_the_breaker_opens_defers_then_one_probe_closes_it(rig: Rig) -> None:
-    rig.receiver.status = 503
+    rig.receiver.status = REFUSED
     d = Delivery.of(_job(), "1-0", URL)
     for _ in range(2):  # webhook_breaker_failures=2
         await rig.handle_delivery(d)
@@ -229,19 +235,42 @@ async def test_the_breaker_opens_defers_then_one_probe_closes_it(rig: Rig) -> No
 
 async def test_a_failed_probe_reopens_and_a_delivery_past_its_age_is_not_deferred() -> None:
     rig = Rig(webhook_breaker_failures=1, webhook_breaker_cooldown_s=10, webhook_max_age_s=60)
-    rig.receiver.status = 503
+    rig.receiver.status = REFUSED
     d = Delivery.of(_job(), "1-0", URL)
     await rig.handle_delivery(d)
     rig.clock.now += 10
     await rig.handle_delivery(d)  # the probe fails
     assert len(rig.receiver.requests) == 2
     assert rig.deliverer.targets.state(target_of(URL), rig.clock()) == "open"
-    aged = Delivery(**{**_fields(d.failed("HTTP 503")), "first_ms": now_ms() - 61_000})
+    aged = Delivery(**{**_fields(d.failed("ConnectError")), "first_ms": now_ms() - 61_000})
     await rig.handle_delivery(aged)
     mode, args, tenant = rig.settled.last
     assert mode == "dead" and tenant == "acme" and len(rig.receiver.requests) == 2
-    assert "INFERQ_WEBHOOK_MAX_AGE_S=60: HTTP 503; target https://93.184.216.34:443" in args[3]
+    assert "INFERQ_WEBHOOK_MAX_AGE_S=60: ConnectError; target https://93.184.216.34:443" in args[3]
     assert "circuit open" in args[3]
+
+
+async def test_prompt_5xx_answers_never_open_the_breaker_each_delivery_backs_off(rig: Rig) -> None:
+    """A receiver answering 500 to the first two attempts of every delivery: each failed
+    attempt goes to its delivery's own backoff, the circuit stays closed, so the third
+    attempt of each goes out on its schedule (webhook_breaker_failures=2 here)."""
+    rig.receiver.status = 500
+    deliveries = [Delivery.of(_job(f"echo.0.j{i}"), f"{i}-0", URL) for i in range(5)]
+    for attempt in range(2):
+        for i, d in enumerate(deliveries):
+            await rig.handle_delivery(d)
+            mode, (delay_ms, packed), _ = rig.settled.last
+            assert mode == "retry" and Delivery.unpack(packed).attempts == attempt + 1
+            deliveries[i] = Delivery.unpack(packed)
+            # the delivery's backoff (1 s base, doubling, equal jitter), never a cooldown
+            assert 500 * 2**attempt <= delay_ms <= 1000 * 2**attempt
+        assert rig.deliverer.targets.state(target_of(URL), rig.clock()) == "closed"
+    assert rig.metrics.webhook_deferrals.labels(why="open")._value.get() == 0
+    rig.receiver.status = 200
+    for d in deliveries:
+        await rig.handle_delivery(d)
+        assert rig.settled.last == ("done", (), "acme")
+    assert len(rig.receiver.requests) == 15  # 5 deliveries x 3 attempts, none deferred
 
 
 # --- SETTLE's keys: the tenant's counter only when settled for good ----------------------------

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from inferq.api.webhooks.contract import outcome_of
 from inferq.api.webhooks.targets import (
     LATENCY_PRIOR_S,
     MIN_DEFER_S,
@@ -168,3 +169,26 @@ def test_idle_targets_are_forgotten_busy_and_recent_ones_kept() -> None:
     assert t.sweep(horizon + 1.5) == 2 and len(t) == 1  # A and c; B has an attempt in flight
     t.release(held, True, horizon + 2)
     assert t.sweep(2 * horizon + 3) == 1 and len(t) == 0
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 408, 429])
+def test_prompt_failing_answers_never_open_the_circuit(status: int) -> None:
+    """Five quick 5xx once opened the circuit, and a receiver failing the first attempts of
+    each delivery then got one probe per cooldown. An answer is the delivery's to retry."""
+    outcome = outcome_of(status, None)
+    assert outcome.kind == "retry" and outcome.target_ok is True
+    t = _targets(per_target=8, failures=3)
+    for i in range(10):
+        assert t.release(_ticket(t, A, float(i)), outcome.target_ok, i + 0.01) is None
+    assert t.state(A, 10.0) == "closed"
+
+
+def test_no_answer_opens_the_circuit_and_an_answer_after_it_closes_it() -> None:
+    """What holds slots (timeouts, connection errors: `target_ok=False`) opens it; the probe
+    answered with a 503 shows the target alive again."""
+    t = _targets(per_target=8, failures=3)
+    _fail(t, A, 0.0, 3)
+    assert t.state(A, 1.0) == "open"
+    now = 1.0 + COOLDOWN_S
+    probe = _ticket(t, A, now)
+    assert probe.probe and t.release(probe, outcome_of(503, "5").target_ok, now + 0.1) == "closed"

@@ -314,12 +314,30 @@ async def test_a_resolver_value_error_is_a_refusal_not_a_crash() -> None:
 
 def test_a_webhook_host_that_is_no_dns_name_is_a_422_at_submit(make_app: MakeApp) -> None:
     app = make_app(webhook_secret=SECRET)
-    for host in ("a..b", "a" * 64 + ".example"):
+    for host in ("a..b", "a" * 64 + ".example", "xn--a-", "xn--a-.example"):
         body = {"input": "hi", "webhook": {"url": f"https://{host}/hook"}}
         r = app.client.post("/v1/jobs", json=body)
         assert r.status_code == 422, r.text
         assert r.json()["error"]["code"] == "invalid_input"
-        assert "is not a valid host name" in r.json()["error"]["message"]
+        assert f"webhook host {host} is not a valid host name" in r.json()["error"]["message"]
+
+
+async def test_an_a_label_idna_cannot_decode_is_refused_with_the_reason() -> None:
+    """httpx parses `xn--a-` but raises idna's IDNAError when asked for the host: that was
+    raised outside every check (a 500 at submit)."""
+    with pytest.raises(ssrf.WebhookRefused) as e:
+        ssrf.parse_url("https://xn--a-/hook")
+    assert str(e.value) == (
+        "webhook host xn--a- is not a valid host name: A-label must not end with a hyphen"
+    )
+    keyed = _settings(webhook_secret=SECRET)
+    with pytest.raises(InputInvalid, match="A-label must not end with a hyphen"):
+        await webhooks.submit_target(keyed, "", "https://xn--a-/hook", _no_lookup)
+    rec = Recorder()  # at delivery (queued before this check): a dead letter, no request
+    poster = Poster(keyed, resolve=_no_lookup, transport=httpx.MockTransport(rec))
+    out = await poster.attempt(Delivery.of(_job(), "5-0", "https://xn--a-/hook"))
+    assert out.kind == "dead" and "A-label" in out.reason and rec.requests == []
+    await poster.aclose()
 
 
 def test_target_pins_the_checked_address() -> None:
