@@ -67,9 +67,21 @@ Devices = Annotated[
     ),
 ]
 Workers = Annotated[
-    int, typer.Option(min=1, help="Workers per device; on a CPU they split its cores.")
+    int | None,
+    typer.Option(
+        min=1,
+        help="Workers per device; on a CPU they split its cores. Default: 1, or 2 per GPU on a "
+        "CUDA host (they split INFERQ_MEMORY_BUDGET).",
+    ),
 ]
-Apis = Annotated[int, typer.Option(min=1, help="API processes, all serving --port.")]
+Apis = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="API processes, all serving --port. Default: 1, or on a CUDA host half the cores "
+        "the workers and Redis leave (up to 16).",
+    ),
+]
 Fd = Annotated[
     int | None,
     typer.Option(
@@ -79,24 +91,31 @@ Fd = Annotated[
 ]
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 @app.command()
 def up(
     host: Host = "127.0.0.1",
     port: Port = 8000,
     model: ModelOpt = None,
     devices: Devices = None,
-    workers: Workers = 1,
-    apis: Apis = 1,
+    workers: Workers = None,
+    apis: Apis = None,
 ) -> None:
     """Redis (unless INFERQ_REDIS_URL is set) + workers + API processes, supervised until
     Ctrl-C."""
-    from inferq.up import resolve_devices, run_up
+    from inferq.up import default_scale, host_gpus, resolve_devices, run_up
 
     settings = _settings(model=model)
     try:
         chosen = resolve_devices(devices)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--devices") from None
+    if workers is None or apis is None:
+        auto_workers, auto_apis = default_scale(host_gpus(chosen, settings.device), _cores())
+        workers, apis = workers or auto_workers, apis or auto_apis
     explicit_redis = "INFERQ_REDIS_URL" in os.environ
     redis_url = settings.redis_url.get_secret_value() if explicit_redis else None
     code = run_up(

@@ -87,3 +87,21 @@ def test_redis_maxmemory_is_bytes_or_a_share_of_the_machine() -> None:
     argv = server.command()
     assert argv[argv.index("--maxmemory") + 1] == "123"
     assert argv[argv.index("--maxmemory-policy") + 1] == "noeviction"
+
+
+def test_default_scale_one_of_each_on_a_cpu_host_more_on_a_gpu_host() -> None:
+    assert up.default_scale(0, 2) == (1, 1)
+    assert up.default_scale(0, 64) == (1, 1)  # a big CPU host: as before
+    assert up.default_scale(1, 16) == (2, 6)  # the H200 host: 2 workers, 6 APIs, 1 for Redis
+    assert up.default_scale(1, 4) == (2, 1)  # never below one API
+    assert up.default_scale(8, 128) == (2, 16)  # capped
+
+
+def test_host_gpus_counts_cuda_devices_given_or_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert up.host_gpus(["cuda:0", "cuda:1", "cpu"], "auto") == 2
+    assert up.host_gpus(None, "cpu") == 0  # INFERQ_DEVICE=cpu: no probe at all
+    monkeypatch.setattr(up, "cuda_devices", lambda: ["cuda:0", "cuda:1"])
+    monkeypatch.setattr(up.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    assert up.host_gpus(None, "auto") == 1  # INFERQ_DEVICE's one device
+    monkeypatch.setattr(up, "cuda_devices", lambda: [])
+    assert up.host_gpus(None, "cuda") == 0
