@@ -4,7 +4,9 @@
 #   2. for each backend, a stack (redis + worker with INFERQ_MEMORY_BUDGET + API) and a
 #      burst that would blow the budget without the bound: many concurrent clients, each
 #      sending jobs of long inputs at once;
-#   3. prints peak device memory of the worker vs. the budget, OOM count, items/s.
+#   3. prints peak device memory of the worker vs. the budget, OOM count, items/s;
+#   4. the torch burst again with two workers sharing the device (INFERQ_WORKERS_PER_DEVICE=2):
+#      their summed nvidia-smi peak against the one budget they split.
 # Usage: scripts/gpu_check.sh            (BUDGET=2GiB CLIENTS=64 JOBS=6 INPUTS=16 to tune)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,29 +44,33 @@ calibrate() {  # $1 = backend
     2> >(grep -v "Loading weights" >&2) || echo "calibrate $1 failed (rc=$?)"
 }
 
-burst() {  # $1 = backend
-  local backend=$1 rport aport log
+burst() {  # $1 = backend, $2 = workers sharing the device (default 1)
+  local backend=$1 workers=${2:-1} rport aport log wpids=""
   rport=$(free_port)
   redis-server --port "$rport" --save '' --appendonly no --daemonize no >"$WORK/redis-$backend.log" 2>&1 &
   PIDS+=($!)
   export INFERQ_REDIS_URL="redis://127.0.0.1:$rport/0"
   for _ in $(seq 50); do "$PY" -c "import redis,sys; redis.Redis(port=$rport).ping()" 2>/dev/null && break; sleep 0.1; done
-  log="$WORK/worker-$backend.log"
-  INFERQ_MODEL=minilm INFERQ_BACKEND=$backend INFERQ_DEVICE=$DEVICE INFERQ_MEMORY_BUDGET=$BUDGET \
-    INFERQ_MAX_BATCH_SIZE=512 INFERQ_MAX_WAIT_MS=20 INFERQ_LOG_LEVEL=INFO \
-    "$PY" -m inferq.cli worker >"$log" 2>&1 &
-  local wpid=$!
-  PIDS+=($wpid)
+  for k in $(seq "$workers"); do
+    log="$WORK/worker-$backend-$workers-$k.log"
+    INFERQ_MODEL=minilm INFERQ_BACKEND=$backend INFERQ_DEVICE=$DEVICE INFERQ_MEMORY_BUDGET=$BUDGET \
+      INFERQ_WORKERS_PER_DEVICE=$workers INFERQ_WORKER_ID="gpu-check:$k" \
+      INFERQ_MAX_BATCH_SIZE=512 INFERQ_MAX_WAIT_MS=20 INFERQ_LOG_LEVEL=INFO \
+      "$PY" -m inferq.cli worker >"$log" 2>&1 &
+    PIDS+=($!)
+    wpids="$wpids${wpids:+,}$!"
+  done
   aport=$(free_port)
   INFERQ_MODEL=minilm "$PY" -m inferq.cli api --port "$aport" >"$WORK/api-$backend.log" 2>&1 &
   PIDS+=($!)
-  echo "=== burst minilm/$backend: $CLIENTS clients x $JOBS jobs x $INPUTS long inputs, budget $BUDGET ==="
-  timeout 150 "$PY" - "$aport" "$wpid" "$BUDGET" "$CLIENTS" "$JOBS" "$INPUTS" <<'PYEOF' || echo "burst $backend failed (rc=$?)"
+  echo "=== burst minilm/$backend x $workers worker(s): $CLIENTS clients x $JOBS jobs x $INPUTS long inputs, budget $BUDGET ==="
+  timeout 150 "$PY" - "$aport" "$wpids" "$BUDGET" "$CLIENTS" "$JOBS" "$INPUTS" <<'PYEOF' || echo "burst $backend failed (rc=$?)"
 import asyncio, subprocess, sys, threading, time
 import httpx
 from inferq.worker.calibration.fit import fmt_bytes, parse_budget
 
-port, wpid, budget_text = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+port, budget_text = int(sys.argv[1]), sys.argv[3]
+wpids = {int(p) for p in sys.argv[2].split(",")}
 clients, jobs, inputs = (int(x) for x in sys.argv[4:7])
 base = f"http://127.0.0.1:{port}"
 total = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits",
@@ -75,7 +81,7 @@ def worker_mib() -> int:
     out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
                           "--format=csv,noheader,nounits"], capture_output=True, text=True).stdout
     return sum(int(m) for p, m in (l.split(",") for l in out.strip().splitlines() if "," in l)
-               if int(p) == wpid)
+               if int(p) in wpids)
 
 deadline = time.monotonic() + 90
 while True:  # the worker loads the model (and exports ONNX on first use)
@@ -123,15 +129,15 @@ time.sleep(0.1)
 unbounded = clients * inputs * 256  # padded tokens if every in-flight job ran as one batch
 peak_b = peak["mib"] * 2**20
 print(f"items ok={ok} failed={failed} in {elapsed:.1f}s → {ok / elapsed:.1f} items/s")
-print(f"worker device memory: idle {fmt_bytes(idle_mib * 2**20)}, peak {fmt_bytes(peak_b)} "
+print(f"worker device memory ({len(wpids)} worker(s), summed): idle {fmt_bytes(idle_mib * 2**20)}, peak {fmt_bytes(peak_b)} "
       f"(nvidia-smi, incl. CUDA context) vs budget {fmt_bytes(budget)} "
       f"→ {'WITHIN' if peak_b <= budget else 'OVER'} ({peak_b / budget:.0%})")
 print(f"without the bound: up to {unbounded} padded tokens in one batch")
 PYEOF
   echo "--- worker log (ceiling, OOM lines) ---"
-  grep -iE "ceiling|provider|runs on" "$log" | head -5 || true
-  echo "OOM events in worker log: $(grep -ciE "out of memory|OutOfMemory|oom" "$log" || true)"
-  grep -E "batch items=" "$log" | tail -2 || true
+  grep -hiE "ceiling|device budget|provider|runs on" "$WORK"/worker-"$backend"-"$workers"-*.log | head -6 || true
+  echo "OOM events in worker logs: $(cat "$WORK"/worker-"$backend"-"$workers"-*.log | grep -ciE "out of memory|OutOfMemory|oom" || true)"
+  grep -hE "batch items=" "$WORK"/worker-"$backend"-"$workers"-*.log | tail -2 || true
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
   PIDS=()
@@ -142,4 +148,5 @@ calibrate torch
 calibrate onnx
 burst torch
 burst onnx
+burst torch 2
 echo "gpu_check done in $((SECONDS - START)) s; logs and calibration under $WORK"
