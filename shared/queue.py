@@ -94,6 +94,7 @@ class JobQueue:
         max_bytes: int = 2**62,
         idempotency_key: str | None = None,
         idempotency_ttl_s: int = 86_400,
+        fingerprint: str = "",  # hex digest of the key's request: a repeat must match it
         wait: tuple[int, int] = (0, 0),  # (replicas, timeout ms) to WAIT for: shared/replicas
         tenant_caps: tuple[int, int] = (0, 0),  # (items, bytes) the tenant may hold; 0: uncounted
     ) -> Submitted:
@@ -101,7 +102,7 @@ class JobQueue:
         `depth` of a refusal: what its cap counts (the shard's, or the tenant's on it)."""
         size = sum(input_bytes(v) for v in job.inputs)
         argv: list[bytes | str | int] = [job.id, len(job.inputs), max_queue]
-        argv += [idempotency_ttl_s, size, max_bytes, *tenant_caps]
+        argv += [idempotency_ttl_s, size, max_bytes, *tenant_caps, fingerprint]
         for k, v in encode_submit(job).items():
             argv += [k, v]
         shard = shard_of(job.id)
@@ -127,6 +128,8 @@ class JobQueue:
             return Submitted("created", job.id, value, replicas=acked)
         if outcome == "dup":
             return Submitted("duplicate", value, replicas=acked)
+        if outcome == "conflict":  # the key's job was made by another request
+            return Submitted("conflict", value, replicas=acked)
         return Submitted(outcome, depth=int(value))  # full, full_bytes, tenant_full, tenant_bytes
 
     @unavailable
@@ -137,10 +140,11 @@ class JobQueue:
         *,
         idempotency_key: str | None = None,
         idempotency_ttl_s: int = 86_400,
+        fingerprint: str = "",
     ) -> Submitted:
         """Record a job that is final at birth (answered from the result cache): never queued,
         never counted against admission; idempotency and webhooks as for any job."""
-        argv: list[bytes | str | int] = [job.id, self.result_ttl_s, idempotency_ttl_s]
+        argv: list[bytes | str | int] = [job.id, self.result_ttl_s, idempotency_ttl_s, fingerprint]
         for k, v in fields.items():
             if k != JobField.INPUTS or self.keep_inputs:
                 argv += [k, v]
@@ -155,8 +159,8 @@ class JobQueue:
                 keys.idempotency(job.tenant, idempotency_key, job.model, shard, self.shards)
             )
         outcome, value = await self._cached(keys=script_keys, args=argv)
-        if as_str(outcome) == "dup":
-            return Submitted("duplicate", as_str(value))
+        if as_str(outcome) in ("dup", "conflict"):
+            return Submitted("duplicate" if as_str(outcome) == "dup" else "conflict", as_str(value))
         return Submitted("created", job.id)
 
     @unavailable

@@ -19,11 +19,16 @@ from typing import Any
 
 import orjson
 
-from inferq.api.core.inputs import ImageItem, InputItem, TensorItem, TensorSpec
-from inferq.shared.errors import InputInvalid
+from inferq.api.core.inputs import ImageItem, InputItem, TensorItem, TensorSpec, check_json_budget
+from inferq.shared.errors import InputInvalid, InputTooLarge
 from inferq.shared.schema import LANES, Lane
+from inferq.shared.settings import Settings
 
 MAX_TIMEOUT_S = 86_400
+#: The body of a JSON route that takes no inputs (POST /v1/batches: ids, an endpoint, a window,
+#: at most 16 short metadata pairs) fits in this many bytes. The routes that take inputs are
+#: bounded by INFERQ_MAX_BODY_BYTES (`middleware`) instead; both by INFERQ_MAX_JSON_VALUES.
+MAX_CONTROL_JSON_BYTES = 64 * 1024
 MAX_URL = 2048
 _SUBMIT = frozenset(("inputs", "input", "model", "priority", "timeout_s", "parameters", "webhook"))
 _INFER = _SUBMIT | {"wait"}
@@ -58,6 +63,15 @@ def json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidBody("body", "Input should be an object")
     return value
+
+
+def json_budget(raw: bytes, settings: Settings, max_bytes: int) -> dict[str, Any]:
+    """A JSON route's body, within the one JSON budget: at most `max_bytes` and
+    INFERQ_MAX_JSON_VALUES values (413 past either, checked before parsing), then an object."""
+    if len(raw) > max_bytes:
+        raise InputTooLarge(f"the JSON body is over {max_bytes} bytes ({len(raw)})")
+    check_json_budget(raw, settings)
+    return json_object(raw)
 
 
 def number(value: Any, loc: str, *, gt: float | None = None, ge: float | None = None) -> float:

@@ -5,7 +5,7 @@ The body: with an `Inference-Header-Content-Length` header, that many bytes of J
 the inputs' binary data back to back, each `parameters.binary_data_size` long, in input
 order (`oip_tensors` for the encodings); without it, JSON only. A body compressed with
 `Content-Encoding: gzip` or `deflate` (tritonclient's `request_compression_algorithm`) is
-inflated first, up to INFERQ_MAX_BODY_BYTES.
+inflated first, and bodies in flight are bounded per process: both are `oip_body`'s.
 
 Request → job:
 - one input tensor per request (an inferq job takes one input kind): each element of a
@@ -21,8 +21,11 @@ Request → job:
   `top_k` that k unless the request names `top_k` itself.
 
 Limits, before any tensor data is decoded: the JSON header against INFERQ_MAX_JSON_VALUES,
-the job's inputs (elements, rows) against INFERQ_MAX_INPUTS_PER_JOB, a tensor row's bytes
-against INFERQ_MAX_TENSOR_BYTES (413). Every refusal names the input (400).
+the number of inputs and outputs (one each: counted before any is looked at), every shape's
+dimensions (at most INFERQ_MAX_BODY_BYTES elements, zeros aside: 400), the job's inputs
+(elements, rows) against INFERQ_MAX_INPUTS_PER_JOB, a tensor row's bytes against
+INFERQ_MAX_TENSOR_BYTES (413). Every refusal names the input (400), and quotes at most a
+bounded prefix of what it refuses.
 """
 
 from __future__ import annotations
@@ -30,13 +33,14 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from inferq.api.core.inputs import InputItem, TensorItem, TensorSpec, check_json_budget
+from inferq.api.core.oip_body import split_body
 from inferq.api.core.oip_metadata import VERSION, input_kinds, output_kind, output_name
 from inferq.api.core.oip_tensors import (
     BYTES,
@@ -69,6 +73,12 @@ TENSOR_DTYPES = {
 #: Parameters Triton reserves that inferq does not implement (refused, not ignored).
 UNSUPPORTED = ("sequence_id", "sequence_start", "sequence_end", "headers")
 MAX_TIMEOUT_US = 86_400 * 1_000_000  # a day: as /v1's timeout_s
+#: An inferq job takes one input kind, and a model gives one output: a request names at most
+#: this many of each, counted before any is decoded (150k empty inputs cost nothing then).
+MAX_TENSORS = 1
+#: Names a refusal quotes of a list it refuses (each cut at 64 characters): enough to see the
+#: mistake, never the whole list back in the response and the log line.
+QUOTED_NAMES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,45 +122,15 @@ def check_version(model: str, version: str | None) -> None:
         )
 
 
-def inflate(raw: bytes, encoding: str, max_bytes: int) -> bytes:
-    """A request body sent with `Content-Encoding` (gzip or deflate), at most `max_bytes`
-    once inflated (413 past it: a small body must not become a large one unchecked)."""
-    wbits = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}.get(encoding.strip().lower())
-    if wbits is None:
-        raise InputInvalid(f"Content-Encoding {encoding[:32]!r}; use gzip or deflate, or none")
-    inflater = zlib.decompressobj(wbits)
-    try:
-        out = inflater.decompress(raw, max_bytes + 1)
-    except zlib.error as e:
-        raise InputInvalid(f"the body does not inflate as {encoding} ({e})") from e
-    if len(out) > max_bytes:
-        raise InputTooLarge(
-            f"the body inflates past INFERQ_MAX_BODY_BYTES={max_bytes} bytes ({encoding})"
-        )
-    if not inflater.eof:
-        raise InputInvalid(f"the body is a truncated {encoding} stream")
-    return out
-
-
-def split_body(raw: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
-    """(JSON header, binary data) of a body, by its `Inference-Header-Content-Length`."""
-    if header_length is None:
-        return raw, memoryview(b"")
-    try:
-        n = int(header_length)
-    except ValueError:
-        n = -1
-    if not 0 <= n <= len(raw):
-        raise InputInvalid(
-            f"Inference-Header-Content-Length {header_length[:32]!r} is not a length within "
-            f"the body's {len(raw)} bytes"
-        )
-    return raw[:n], memoryview(raw)[n:]
-
-
-def parse_infer(raw: bytes, header_length: str | None, settings: Settings) -> InferRequest:
+def parse_infer(
+    raw: bytes | bytearray,
+    header_length: str | None,
+    settings: Settings,
+    max_tensors: int = MAX_TENSORS,
+) -> InferRequest:
     """An infer request's body, decoded and checked against the limits (not yet against a
-    model: `submission` does that)."""
+    model: `submission` does that). `max_tensors`: the inputs (and the outputs) a request
+    may name, counted before any is decoded; the protocol allows many, an inferq job one."""
     header, binary = split_body(raw, header_length)
     check_json_budget(header, settings)  # before a parse that would build every value
     try:
@@ -162,9 +142,21 @@ def parse_infer(raw: bytes, header_length: str | None, settings: Settings) -> In
     rid = doc.get("id")
     if rid is not None and not isinstance(rid, str):
         raise InputInvalid("id must be a string")
-    req = InferRequest(rid, _inputs(doc.get("inputs"), binary, settings), _outputs(doc))
+    inputs = _inputs(doc.get("inputs"), binary, settings, max_tensors)
+    req = InferRequest(rid, inputs, _outputs(doc, max_tensors))
     _policy(req, _object(doc.get("parameters"), "parameters"))
     return req
+
+
+def quote_names(specs: Sequence[object]) -> str:
+    """The first `QUOTED_NAMES` names of a list of tensors, each cut at 64 characters, and how
+    many more there are: what a refusal of the list quotes."""
+    shown = [
+        repr(s["name"][:64]) if isinstance(s, dict) and isinstance(s.get("name"), str) else "?"
+        for s in specs[:QUOTED_NAMES]
+    ]
+    more = len(specs) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more else "")
 
 
 def _object(value: object, what: str) -> dict[str, Any]:
@@ -202,9 +194,16 @@ def _policy(req: InferRequest, params: dict[str, Any]) -> None:
     req.parameters = params
 
 
-def _inputs(value: object, binary: memoryview, settings: Settings) -> list[Tensor]:
+def _inputs(
+    value: object, binary: memoryview, settings: Settings, max_tensors: int
+) -> list[Tensor]:
     if not isinstance(value, list) or not value:
         raise InputInvalid("inputs must be a non-empty list of tensors")
+    if len(value) > max_tensors:  # counted before any is decoded
+        raise InputInvalid(
+            f"the request has {len(value)} inputs; inferq takes {max_tensors} per request "
+            f"(a job takes one input kind): {quote_names(value)}"
+        )
     tensors: list[Tensor] = []
     at = 0  # where the next input's binary data starts
     items = 0
@@ -213,7 +212,7 @@ def _inputs(value: object, binary: memoryview, settings: Settings) -> list[Tenso
             raise InputInvalid("each input must be an object with a string 'name'")
         name = spec["name"][:64]
         datatype = check_datatype(name, spec.get("datatype"))
-        shape = check_shape(name, spec.get("shape"))
+        shape = check_shape(name, spec.get("shape"), settings.max_body_bytes)
         items += _check_limits(name, datatype, shape, settings)
         if items > settings.max_inputs_per_job:
             raise InputTooLarge(
@@ -274,12 +273,17 @@ def _data(
     return from_binary(name, datatype, shape, binary[at : at + size]), at + size
 
 
-def _outputs(doc: dict[str, Any]) -> list[Output] | None:
+def _outputs(doc: dict[str, Any], max_tensors: int) -> list[Output] | None:
     value = doc.get("outputs")
     if value is None:
         return None
     if not isinstance(value, list):
         raise InputInvalid("outputs must be a list")
+    if len(value) > max_tensors:  # counted before any is looked at
+        raise InputInvalid(
+            f"an inferq model gives one output; the request names {len(value)}: "
+            f"{quote_names(value)}"
+        )
     out = []
     for spec in value:
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
@@ -309,9 +313,11 @@ def submission(
     """The job an infer request asks `model` for (its input and outputs checked against what
     the model declares: `oip_metadata`)."""
     kinds = input_kinds(info)
-    if len(req.inputs) != 1:
-        names = [t.name for t in req.inputs]
-        raise InputInvalid(f"inferq takes one input tensor per request, not {len(names)} {names}")
+    if len(req.inputs) != 1:  # `parse_infer` refuses more; this guards a request built by hand
+        raise InputInvalid(
+            f"inferq takes one input tensor per request, not {len(req.inputs)}: "
+            f"{quote_names([{'name': t.name} for t in req.inputs])}"
+        )
     (tensor,) = req.inputs
     kind = kinds.get(tensor.name)
     if kind is None:

@@ -8,9 +8,11 @@ here, as Triton answers it.
 |---|---|
 | a model not served here, a version other than "1" | 404 |
 | a malformed request or tensor, an input or parameter the model does not take | 400 |
+| an `Idempotency-Key` reused with a different request | 422 |
 | over a limit: the body, a tensor, the job's inputs, the JSON's values | 413 |
 | no key or a wrong one / a key without the role | 401 / 403 |
 | admission refused it (queue, bytes, deadline, the tenant's share) | 429 + Retry-After |
+| the API's bodies in flight are at their budget (`core.oip_body.BodyBudget`) | 429 + Retry-After |
 | not finished within the wait | 429 + Retry-After |
 | Redis down, loading, read-only or full | 503 + Retry-After |
 | the job failed: `too_large` 413, `invalid_input` / `model_error` / `poisoned` 400, `cancelled` 409, `expired` 429 | |
@@ -27,6 +29,7 @@ from inferq.api.core.errors import job_failure, request_error, retry_headers
 from inferq.api.core.oip import InferRequest
 from inferq.api.core.oip_metadata import VERSION, output_kind, output_name
 from inferq.api.core.oip_tensors import BYTES, Values, to_binary, to_json
+from inferq.api.core.service import KeyReused
 from inferq.shared.errors import CodecError, QueueUnavailable, RedisFull, RequestError
 from inferq.shared.jobs import Job, Status
 from inferq.shared.registry import ModelInfo
@@ -49,8 +52,21 @@ def json_reply(body: dict[str, Any], status: int = 200) -> Reply:
     return Reply(status, orjson.dumps(body), {"content-type": JSON})
 
 
+#: The most of a refusal's message an answer (or a log line) quotes: messages quote a bounded
+#: prefix of what they refuse already; this holds for any message, whoever wrote it.
+MAX_MESSAGE_CHARS = 1024
+
+
+def bounded(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`message`, cut at `limit` characters with a note of how many were left out."""
+    if len(message) <= limit:
+        return message
+    return f"{message[:limit]}… ({len(message) - limit} more characters)"
+
+
 def error(status: int, message: str, headers: dict[str, str] | None = None) -> Reply:
-    return Reply(status, orjson.dumps({"error": message}), {"content-type": JSON} | (headers or {}))
+    body = orjson.dumps({"error": bounded(message)})
+    return Reply(status, body, {"content-type": JSON} | (headers or {}))
 
 
 def _status(inferq_status: int) -> int:
@@ -60,6 +76,8 @@ def _status(inferq_status: int) -> int:
 def refusal(exc: Exception) -> Reply | None:
     """The answer to an error a route met, or None for one this table does not know (a bug:
     the server's 500)."""
+    if isinstance(exc, KeyReused):  # not the protocol's (it has no Idempotency-Key): 422
+        return error(422, str(exc))
     if isinstance(exc, RequestError):
         return error(_status(request_error(exc)[0]), str(exc), retry_headers(exc))
     if isinstance(exc, QueueUnavailable):
@@ -71,12 +89,14 @@ def refusal(exc: Exception) -> Reply | None:
     return None
 
 
-def late(job: Job, wait_s: float) -> Reply:
-    """A job not final within the request's wait: the protocol has no way to fetch it later."""
+def late(job: Job, wait_s: float, *, cancelled: bool = True) -> Reply:
+    """A job not final within the request's wait: the protocol has no way to fetch it later.
+    `cancelled`: whether it was cancelled if still queued (not a repeat's: not this one's)."""
+    what = "cancelled if still queued" if cancelled else "left to the request that made it"
     return error(
         429,
         f"job {job.id} did not finish within {wait_s:g} s (the request's timeout, else "
-        "INFERQ_SYNC_WAIT_S, at most INFERQ_MAX_LONG_POLL_S); it was cancelled if still queued",
+        f"INFERQ_SYNC_WAIT_S, at most INFERQ_MAX_LONG_POLL_S); it was {what}",
         {"Retry-After": "1"},
     )
 

@@ -70,8 +70,11 @@ def check_datatype(name: str, datatype: object) -> str:
     return datatype
 
 
-def check_shape(name: str, shape: object) -> tuple[int, ...]:
-    """A shape as the protocol sends it: a list of at most `MAX_DIMS` non-negative ints."""
+def check_shape(name: str, shape: object, max_elements: int) -> tuple[int, ...]:
+    """A shape as the protocol sends it: a list of at most `MAX_DIMS` non-negative ints whose
+    dimensions, zeros aside, multiply to at most `max_elements`. A zero makes a tensor empty
+    whatever the other dimensions say, so they are bounded as if it were not there: no
+    `[1, 0, 2**63]` reaches numpy (whose reshape refuses a dimension past int64 with a 500)."""
     if (
         not isinstance(shape, list)
         or len(shape) > MAX_DIMS
@@ -81,6 +84,14 @@ def check_shape(name: str, shape: object) -> tuple[int, ...]:
         raise InputInvalid(
             f"input '{name}': shape {shown}; a list of at most {MAX_DIMS} non-negative integers"
         )
+    span = 1
+    for d in shape:  # stops at the first dimension past the bound: no product of huge ints
+        span *= max(d, 1)
+        if span > max_elements:
+            raise InputInvalid(
+                f"input '{name}': shape {repr(shape)[:64]} spans more than {max_elements} "
+                "elements (its dimensions multiplied, zeros aside): more than a body can carry"
+            )
     return tuple(shape)
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+import orjson
 
 from inferq.api.core.admission import Admission
 from inferq.api.core.cache import ResultCache
@@ -37,7 +38,13 @@ from inferq.api.core.notifier import Notifier
 from inferq.api.core.pressure import RedisMemory
 from inferq.api.webhooks.contract import submit_target
 from inferq.shared import keys
-from inferq.shared.errors import JobConflict, JobNotFound, QueueUnavailable, RequestError
+from inferq.shared.errors import (
+    InputInvalid,
+    JobConflict,
+    JobNotFound,
+    QueueUnavailable,
+    RequestError,
+)
 from inferq.shared.jobs import (
     ErrorCode,
     Job,
@@ -62,6 +69,8 @@ REFUSED = ("full", "full_bytes", "tenant_full", "tenant_bytes")
 #: The `model` label of a refused submit that named no served model: a client's string
 #: never becomes a label value (each would be a series kept for the process's life).
 UNKNOWN_MODEL = "unknown"
+#: A job's inputs up to this size are fingerprinted on the event loop (microseconds).
+FINGERPRINT_ON_LOOP_BYTES = 1 << 20
 
 
 @dataclass(slots=True)
@@ -88,6 +97,32 @@ class _Placement:
     pinned: bool
     key_hash: str | None
     digest: str | None
+    fingerprint: str | None = None  # of what the key's request asked (`request_fingerprint`)
+
+
+class KeyReused(InputInvalid):
+    """An Idempotency-Key sent again with a different request (422): answering with the
+    first request's job would hand one request another's outputs."""
+
+
+def _key_reused(key: str | None, job_id: str) -> KeyReused:
+    shown = f" {key[:64]!r}" if key is not None else ""
+    return KeyReused(
+        f"Idempotency-Key{shown} was first used for a different request (job {job_id}): its "
+        "model, inputs, parameters or webhook differ; use a new key for a new request"
+    )
+
+
+def request_fingerprint(job: Job) -> str:
+    """A digest of what decides a job's outputs and where they go (model, inputs, parameters,
+    webhook), bound to its Idempotency-Key: the same request sent to another route, or again
+    with another deadline or lane, matches; different inputs do not."""
+    h = hashlib.sha256()
+    h.update(msgpack.packb([job.model, job.webhook], use_bin_type=True))
+    h.update(orjson.dumps(job.parameters, option=orjson.OPT_SORT_KEYS))
+    for value in job.inputs:  # one input at a time: no second copy of a large job
+        h.update(msgpack.packb(value, use_bin_type=True))
+    return h.hexdigest()
 
 
 class JobService:
@@ -123,6 +158,13 @@ class JobService:
     # --- submit ---
     async def submit(self, sub: Submission) -> Job:
         """Admit, record, enqueue; every accepted and every refused job is counted."""
+        return (await self.create(sub))[0]
+
+    async def create(self, sub: Submission) -> tuple[Job, bool]:
+        """`submit`, and whether this call made the job: False for an Idempotency-Key repeat
+        (the first request's job, which this one must never cancel) and for a job answered
+        from the cache (final at birth). A key reused with other inputs, parameters or
+        webhook is refused (`KeyReused`, 422): it would answer with another request's job."""
         await self.memory.check()  # 503 while Redis is nearly full: before anything else
         try:
             job, created = await self._submit(sub)
@@ -133,8 +175,7 @@ class JobService:
             raise
         if created:  # an Idempotency-Key repeat returns the first job: not a new submission
             self.metrics.jobs_submitted.labels(model=job.model).inc()
-            self.memory.wrote(sum(input_bytes(v) for v in job.inputs))
-        return job
+        return job, created
 
     async def _job(self, sub: Submission) -> Job:
         """The job a submission asks for, checked (model, input kinds, then each input,
@@ -172,19 +213,35 @@ class JobService:
             raise refusal
 
     async def _place(self, job: Job, idempotency_key: str | None) -> _Placement:
-        key_hash = None
+        key_hash = fingerprint = None
         if idempotency_key is not None:
             key_hash = hashlib.sha256(idempotency_key.encode()).hexdigest()
+            size = sum(input_bytes(v) for v in job.inputs)
+            # Hashing megabytes is milliseconds of CPU: off the event loop, as parsing is.
+            fingerprint = (
+                request_fingerprint(job)
+                if size < FINGERPRINT_ON_LOOP_BYTES
+                else await asyncio.to_thread(request_fingerprint, job)
+            )
         digest = None
         if self.cache.enabled(job.model) and (info := await self.catalog.info(job.model)):
             digest = self.cache.digest(job, info.version) if info.version else None
         pin = key_hash or digest
         shards = self.queue.shards
         first = int(pin[:8], 16) % shards if pin else next(self._turn) % shards
-        return _Placement(first, pin is not None, key_hash, digest)
+        return _Placement(first, pin is not None, key_hash, digest, fingerprint)
 
     async def _submit(self, sub: Submission) -> tuple[Job, bool]:
         job = await self._job(sub)
+        # The inputs' bytes are reserved against the memory guard until written (a Redis OOM
+        # meanwhile answers as the guard's 503): concurrent submits cannot all pass one check.
+        async with self.memory.admit(sum(input_bytes(v) for v in job.inputs)) as held:
+            job, created = await self._record(job, sub)
+            if created:
+                held.landed()
+            return job, created
+
+    async def _record(self, job: Job, sub: Submission) -> tuple[Job, bool]:
         place = await self._place(job, sub.idempotency_key)
         shards = self.queue.shards
         job.id = new_job_id(job.model, place.first, shards)
@@ -194,13 +251,15 @@ class JobService:
             result = "hit" if hit else "miss"
             self.metrics.cache_lookups.labels(model=job.model, result=result).inc()
             if hit is not None:
-                return await self._answer_cached(job, hit, place.key_hash)
+                return await self._answer_cached(job, hit, place)
             job.cache = self.cache.spec(key)
         rate = await self.catalog.throughput(job.model)
         timeout_s = (job.deadline_ms - job.created_ms) / 1000
         limit = self.admission.limit(len(job.inputs), rate, timeout_s)
         done = await self._enqueue(job, limit, place)
         self._check_replicas(done)
+        if done.outcome == "conflict":
+            raise _key_reused(sub.idempotency_key, done.job_id)
         if done.outcome == "duplicate":
             return await self.get(done.job_id, sub.tenant), False
         if done.outcome == "full_bytes":
@@ -246,6 +305,7 @@ class JobService:
                 max_bytes=per_shard(self.settings.max_queue_bytes, shards),
                 idempotency_key=place.key_hash,
                 idempotency_ttl_s=self.settings.idempotency_ttl_s,
+                fingerprint=place.fingerprint or "",
                 wait=(self.settings.redis_wait_replicas, self._wait_ms()),
                 tenant_caps=(per_shard(caps[0], shards), per_shard(caps[1], shards)),
             )
@@ -264,9 +324,7 @@ class JobService:
         items, size, _ = await self.queue.tenant_held(job.model, job.tenant)
         return items if outcome == "tenant_full" else size
 
-    async def _answer_cached(
-        self, job: Job, outputs: bytes, key_hash: str | None
-    ) -> tuple[Job, bool]:
+    async def _answer_cached(self, job: Job, outputs: bytes, place: _Placement) -> tuple[Job, bool]:
         """Record `job` as succeeded with the cached outputs; no worker runs it. Not counted
         as submitted (it never entered the queue): `inferq_cache_lookups_total` counts it."""
         job.status, job.cached = Status.SUCCEEDED, True
@@ -276,9 +334,12 @@ class JobService:
         done = await self.queue.record_cached(
             job,
             fields,
-            idempotency_key=key_hash,
+            idempotency_key=place.key_hash,
             idempotency_ttl_s=self.settings.idempotency_ttl_s,
+            fingerprint=place.fingerprint or "",
         )
+        if done.outcome == "conflict":
+            raise _key_reused(None, done.job_id)
         if done.outcome == "duplicate":
             return await self.get(done.job_id, job.tenant), False
         job.outputs = decode_outputs(msgpack.unpackb(outputs, raw=False))
@@ -291,11 +352,26 @@ class JobService:
         """Submit and wait up to `wait_s`; None if the client left first (`gone()` returned),
         in which case the job is cancelled unless a worker has started it. `gone` is called
         only once the job exists, so a refused submit leaves no un-awaited coroutine behind."""
-        job = await self.submit(sub)
+        job, created = await self.create(sub)
+        return await self.follow(job, created, sub.tenant, wait_s, gone)
+
+    async def follow(
+        self,
+        job: Job,
+        created: bool,
+        tenant: str,
+        wait_s: float,
+        gone: Callable[[], Awaitable[None]],
+    ) -> Job | None:
+        """`run`'s wait for a job `create` answered: the job as soon as it is final or after
+        `wait_s`; None if the client left first, and then the job is cancelled if `created`
+        (a repeat's job belongs to the request that made it) and no worker has started it."""
         if job.status.is_final:  # answered from the cache, or a repeat of a finished job
             return job
-        queued = job if job.status is Status.QUEUED else None  # just created: no re-read
-        waiter = asyncio.ensure_future(self.wait(job.id, wait_s, sub.tenant, submitted=queued))
+        # The inputs are in Redis now: the wait holds none of the request's bytes.
+        job.inputs = []
+        queued = job if job.status is Status.QUEUED else None  # just read: no re-read
+        waiter = asyncio.ensure_future(self.wait(job.id, wait_s, tenant, submitted=queued))
         left = asyncio.ensure_future(gone())
         try:
             await asyncio.wait({waiter, left}, return_when=asyncio.FIRST_COMPLETED)
@@ -304,8 +380,9 @@ class JobService:
         if waiter.done():
             return waiter.result()
         waiter.cancel()
-        with contextlib.suppress(RequestError):
-            await self.cancel(job.id, sub.tenant, only_if_queued=True)
+        if created:
+            with contextlib.suppress(RequestError):
+                await self.cancel(job.id, tenant, only_if_queued=True)
         return None
 
     # --- read, cancel ---

@@ -1,7 +1,8 @@
 """/v1/batches: OpenAI's Batch API over the queue; the routes (the records: `batch_store`).
 
-POST /v1/batches checks the input file whole (`batches.lines.check_file`), then records the
-batch as `validating` and adds it to `keys.BATCHES_ACTIVE`; the batch leases of some API
+POST /v1/batches authenticates before it reads a byte of its body, reads at most
+`decode.MAX_CONTROL_JSON_BYTES` of it (413 past that, unparsed), checks the input file whole
+(`batches.lines.check_file`), then records the batch as `validating` and adds it to `keys.BATCHES_ACTIVE`; the batch leases of some API
 process (`inferq.api.batches.leases`) take it from there:
 
     validating → in_progress → finalizing → completed
@@ -16,14 +17,17 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Query, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from inferq.api.batches.lines import ENDPOINTS, check_file
 from inferq.api.batches.store import WINDOWS
+from inferq.api.core.decode import MAX_CONTROL_JSON_BYTES, json_budget
 from inferq.api.responses import FastJSON, list_page
 from inferq.api.routes.deps import Batches, Config, Files, Jobs, Leases, Tenant
-from inferq.shared.errors import InputInvalid, JobNotFound, Overloaded
+from inferq.shared.errors import InputInvalid, InputTooLarge, JobNotFound, Overloaded
+from inferq.shared.settings import Settings
 
 router = APIRouter(prefix="/v1", tags=["batches"])
 
@@ -56,9 +60,51 @@ def _check(body: BatchCreate) -> None:
         )
 
 
-@router.post("/batches")
+async def _limited_body(request: Request, max_bytes: int) -> bytes:
+    """The body, refused (413) as soon as it is declared or found to be over `max_bytes`:
+    a large one is never buffered whole."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise InputTooLarge(f"the JSON body is over {max_bytes} bytes ({declared} declared)")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise InputTooLarge(f"the JSON body is over {max_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _read_create(request: Request, settings: Settings) -> BatchCreate:
+    """The body, read only now (the tenant is known: the route's dependencies ran first)
+    and within the JSON budget; invalid → 422, as FastAPI's own validation answers."""
+    doc = json_budget(
+        await _limited_body(request, MAX_CONTROL_JSON_BYTES), settings, MAX_CONTROL_JSON_BYTES
+    )
+    try:
+        return BatchCreate.model_validate(doc)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors()) from e
+
+
+# The body is read by the route (after authentication), not by FastAPI (before it): the
+# schema is documented here instead.
+_CREATE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": BatchCreate.model_json_schema(ref_template="#/components/schemas/{model}")
+            }
+        },
+    }
+}
+
+
+@router.post("/batches", openapi_extra=_CREATE_BODY)
 async def create_batch(
-    body: BatchCreate,
+    request: Request,
     batches: Batches,
     files: Files,
     leases: Leases,
@@ -68,6 +114,7 @@ async def create_batch(
 ) -> FastJSON:
     """Run every request of an uploaded file through `endpoint`, in the low lane."""
     await jobs.memory.check()  # Redis nearly full: 503 before anything is read
+    body = await _read_create(request, settings)
     _check(body)
     if (running := await batches.running(tenant)) >= settings.tenant_max_batches:
         raise Overloaded(

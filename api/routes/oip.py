@@ -13,27 +13,33 @@ answers 404 in the same shape.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, Request, Response
 
-from inferq.api.core.oip import check_version, inflate, parse_infer, submission
+from inferq.api.core.oip import InferRequest, check_version, parse_infer, submission
+from inferq.api.core.oip_body import BUDGET_BODIES, BodyBudget, Hold, inflate
 from inferq.api.core.oip_metadata import model_metadata, server_metadata
 from inferq.api.core.oip_response import (
     HEADER_LENGTH,
     Reply,
+    bounded,
     error,
     infer_reply,
     json_reply,
     late,
     refusal,
 )
+from inferq.api.core.service import JobService
 from inferq.api.routes import health
 from inferq.api.routes.deps import Config, Jobs, Queue, Registry, authenticate, disconnected
 from inferq.shared.errors import InputInvalid, RequestError
-from inferq.shared.jobs import now_ms
+from inferq.shared.jobs import Job, now_ms
+from inferq.shared.registry import ModelInfo
+from inferq.shared.settings import Settings
 
 log = logging.getLogger("inferq.api")
 
@@ -59,10 +65,12 @@ async def _answer(request: Request, work: Callable[[], Awaitable[Reply]]) -> Res
         known = refusal(e)
         if known is None:
             raise  # a bug: the app's 500
+        # Bounded: a refusal's message may quote what it refuses (responses are, by `error`).
+        path = bounded(request.url.path, 256)
         if isinstance(e, RequestError):
-            log.info("rejected %s %s: %s", request.method, request.url.path, e)
+            log.info("rejected %s %s: %s", request.method, path, bounded(str(e)))
         else:
-            log.warning("%s %s failed: %r", request.method, request.url.path, e)
+            log.warning("%s %s failed: %s", request.method, path, bounded(repr(e)))
         reply = known
     return Response(reply.body, status_code=reply.status, headers=reply.headers)
 
@@ -92,10 +100,10 @@ async def live() -> Response:
 
 
 @router.get("/health/ready")
-async def ready(settings: Config, queue: Queue, registry: Registry) -> Response:
-    """Ready, exactly when /readyz is: Redis answers and the default model has a live worker
-    (200; 503 otherwise, which a Triton client reads as not ready)."""
-    ok = (await health.readyz(settings, queue, registry)).status_code == 200
+async def ready(settings: Config, queue: Queue, registry: Registry, jobs: Jobs) -> Response:
+    """Ready, exactly when /readyz is: Redis answers and takes new work, and the default model
+    has a live worker (200; 503 otherwise, which a Triton client reads as not ready)."""
+    ok = (await health.readyz(settings, queue, registry, jobs)).status_code == 200
     return Response(
         b'{"ready":true}' if ok else b'{"ready":false}',
         status_code=200 if ok else 503,
@@ -159,25 +167,68 @@ async def _infer(
         name = jobs.catalog.resolve(model)
         check_version(name, version)
         key = _idempotency_key(request)
-        raw = await request.body()
-        encoding = request.headers.get("content-encoding", "identity")
-        if encoding.strip().lower() != "identity":
-            raw = inflate(raw, encoding, settings.max_body_bytes)
-        req = parse_infer(raw, request.headers.get(HEADER_LENGTH), settings)
         info = await jobs.catalog.info(name)
-        sub = submission(req, name, info, tenant, key)
+        req, first, created = await _submit(request, jobs, settings, name, info, tenant, key)
         wait_s = jobs.clamp_wait(req.timeout_s, settings.sync_wait_s)
-        job = await jobs.run(sub, wait_s, lambda: disconnected(request))
+        job = await jobs.follow(first, created, tenant, wait_s, lambda: disconnected(request))
         if job is None:  # the client left: nobody reads this
             return error(499, "the client disconnected")
         if not job.status.is_final:
-            # No way to fetch it later in this protocol: drop it unless a worker has it.
-            with contextlib.suppress(RequestError):
-                await jobs.cancel(job.id, tenant, only_if_queued=True)
-            return late(job, wait_s)
+            # No way to fetch it later in this protocol: drop it unless a worker has it, if
+            # it is this request's (a repeat's job belongs to the request that made it).
+            if created:
+                with contextlib.suppress(RequestError):
+                    await jobs.cancel(job.id, tenant, only_if_queued=True)
+            return late(job, wait_s, cancelled=created)
         return infer_reply(req, job, info)
 
     return await _answer(request, work)
+
+
+def _budget(request: Request, settings: Settings) -> BodyBudget:
+    """This app's budget of body bytes in flight (`core.oip_body.BodyBudget`), made on first use."""
+    state = request.app.state
+    budget: BodyBudget | None = getattr(state, "oip_bodies", None)
+    if budget is None:
+        budget = state.oip_bodies = BodyBudget(BUDGET_BODIES * settings.max_body_bytes)
+    return budget
+
+
+async def _read_body(request: Request, settings: Settings, hold: Hold) -> bytes | bytearray:
+    """The body, each chunk held against the budget as it arrives, then inflated in a thread
+    if compressed. Read from the stream: `request.body()` would keep it on the request (and
+    so through the wait for the result)."""
+    raw = bytearray()
+    async for chunk in request.stream():
+        hold.cover(len(raw) + len(chunk))
+        raw += chunk
+    encoding = request.headers.get("content-encoding", "identity")
+    if encoding.strip().lower() == "identity":
+        return raw
+    return await asyncio.to_thread(inflate, raw, encoding, settings.max_body_bytes, hold)
+
+
+async def _submit(
+    request: Request,
+    jobs: JobService,
+    settings: Settings,
+    name: str,
+    info: ModelInfo | None,
+    tenant: str,
+    key: str | None,
+) -> tuple[InferRequest, Job, bool]:
+    """Read, parse and submit the request: (the request without its tensors, its job, whether
+    this request created it). The body's bytes are held against the budget until the job is
+    in Redis, and nothing refers to them once this returns."""
+    with _budget(request, settings).hold() as hold:
+        raw = await _read_body(request, settings, hold)
+        req = parse_infer(raw, request.headers.get(HEADER_LENGTH), settings)
+        del raw
+        sub = submission(req, name, info, tenant, key)
+        req.inputs = []  # views of the body: only `sub` holds them now, until it is written
+        job, created = await jobs.create(sub)
+        sub.items, sub.files = [], []
+    return req, job, created
 
 
 @router.post("/models/{model}/infer", openapi_extra=_BODY)

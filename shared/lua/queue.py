@@ -5,7 +5,8 @@ They use the prelude tables of `inferq.shared.lua`: `F` (job fields), `S` (statu
 `FINAL`, `ENTRY_JOB`. Field values are msgpack (`cmsgpack` in Lua).
 
 - `SUBMIT`: admission caps (items and bytes) + idempotency key + record + stream entry, all
-  or nothing; a no-op if the job id (or the idempotency key) already exists. The byte cap
+  or nothing; a no-op if the job id (or the idempotency key) already exists, a `conflict` if
+  the key was made by a request with another fingerprint. The byte cap
   always admits into an empty queue, so one job larger than the cap is not refused forever.
 - `CLAIM`: mark jobs running (only from queued) and read them, in one trip.
 - `START`: right before a batch, count each job's first device start (`attempts`), so a crash
@@ -22,17 +23,39 @@ They use the prelude tables of `inferq.shared.lua`: `F` (job fields), `S` (statu
 
 from __future__ import annotations
 
+# An idempotency key holds "<job id> <fingerprint>" (or the job id alone, written before
+# fingerprints or without one): the job its request created, and a digest of that request. A
+# repeat whose fingerprint differs gets {'conflict', job id}, never the other request's job.
+_IDEMPOTENT = """
+local function prior_job(key, fingerprint)
+  local prior = redis.call('GET', key)
+  if not prior then return nil end
+  local id, was = string.match(prior, '^(.*) (%x+)$')
+  if not id then return {'dup', prior} end
+  if fingerprint ~= '' and was ~= fingerprint then return {'conflict', id} end
+  return {'dup', id}
+end
+local function bound_to(id, fingerprint)
+  if fingerprint == '' then return id end
+  return id .. ' ' .. fingerprint
+end
+"""
+
 # KEYS: job, stream, item counter, byte counter, tenant item counter, tenant byte counter
 # [, idempotency]. ARGV: id, items, max_queue, idem_ttl_s, bytes, max_bytes, tenant max items,
-# tenant max bytes (0, 0: the tenant's counters are not kept), fields...
-# Returns {status, value}: ok → entry id; dup → existing job id; full → items queued;
-# full_bytes → bytes queued; tenant_full → the tenant's items; tenant_bytes → its bytes.
+# tenant max bytes (0, 0: the tenant's counters are not kept), fingerprint ('' for none),
+# fields...
+# Returns {status, value}: ok → entry id; dup → existing job id; conflict → the job id a
+# different request made under the key; full → items queued; full_bytes → bytes queued;
+# tenant_full → the tenant's items; tenant_bytes → its bytes.
 # A job counted against its tenant's counters is marked (F.quota), so FINISH takes back
 # exactly what SUBMIT added, whatever the settings are by then.
-SUBMIT = """
+SUBMIT = (
+    _IDEMPOTENT
+    + """
 if #KEYS == 7 then
-  local prior = redis.call('GET', KEYS[7])
-  if prior then return {'dup', prior} end
+  local prior = prior_job(KEYS[7], ARGV[9])
+  if prior then return prior end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', ARGV[1]} end
 local c = redis.call('MGET', KEYS[3], KEYS[4], KEYS[5], KEYS[6])
@@ -51,17 +74,18 @@ if quota then
 end
 local eid = redis.call('XADD', KEYS[2], '*', ENTRY_JOB, ARGV[1])
 if quota then
-  redis.call('HSET', KEYS[1], F.entry, cmsgpack.pack(eid), F.quota, cmsgpack.pack(true), unpack(ARGV, 9))
+  redis.call('HSET', KEYS[1], F.entry, cmsgpack.pack(eid), F.quota, cmsgpack.pack(true), unpack(ARGV, 10))
   redis.call('INCRBY', KEYS[5], ARGV[2])
   redis.call('INCRBY', KEYS[6], ARGV[5])
 else
-  redis.call('HSET', KEYS[1], F.entry, cmsgpack.pack(eid), unpack(ARGV, 9))
+  redis.call('HSET', KEYS[1], F.entry, cmsgpack.pack(eid), unpack(ARGV, 10))
 end
 redis.call('INCRBY', KEYS[3], ARGV[2])
 redis.call('INCRBY', KEYS[4], ARGV[5])
-if #KEYS == 7 then redis.call('SET', KEYS[7], ARGV[1], 'EX', ARGV[4]) end
+if #KEYS == 7 then redis.call('SET', KEYS[7], bound_to(ARGV[1], ARGV[9]), 'EX', ARGV[4]) end
 return {'ok', eid}
 """
+)
 
 # KEYS: jobs. ARGV[1] = packed now_ms; ARGV[2] = '1' when the worker starts these jobs at
 # once (it is idle and read one job): a one-item job not yet at ARGV[3] (max deliveries) nor
@@ -237,15 +261,17 @@ return out
 """
 
 # KEYS: job, webhook stream, the tenant's webhook counter[, idempotency].
-# ARGV: id, ttl_s, idem_ttl_s, fields... (inputs already left out unless kept)
-# Returns {status, value}: ok → ''; dup → the existing job id (same rules as SUBMIT).
-CACHED = """
+# ARGV: id, ttl_s, idem_ttl_s, fingerprint, fields... (inputs already left out unless kept)
+# Returns {status, value}: ok → ''; dup / conflict → the existing job id (as SUBMIT).
+CACHED = (
+    _IDEMPOTENT
+    + """
 if #KEYS == 4 then
-  local prior = redis.call('GET', KEYS[4])
-  if prior then return {'dup', prior} end
+  local prior = prior_job(KEYS[4], ARGV[4])
+  if prior then return prior end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', ARGV[1]} end
-redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 if redis.call('HEXISTS', KEYS[1], F.webhook) == 1 then
   local flat, rec = redis.call('HGETALL', KEYS[1]), {}
@@ -258,9 +284,10 @@ if redis.call('HEXISTS', KEYS[1], F.webhook) == 1 then
   redis.call('XADD', KEYS[2], '*', D.job, ARGV[1], D.record, cmsgpack.pack(rec))
   redis.call('INCR', KEYS[3])
 end
-if #KEYS == 4 then redis.call('SET', KEYS[4], ARGV[1], 'EX', ARGV[3]) end
+if #KEYS == 4 then redis.call('SET', KEYS[4], bound_to(ARGV[1], ARGV[4]), 'EX', ARGV[3]) end
 return {'ok', ''}
 """
+)
 
 # KEYS: job, stream. ARGV: group, old entry id, job id, uncount (0|1).
 # Re-queues a not-final job at the tail and acks the old entry; with uncount, takes back the

@@ -266,15 +266,16 @@ def test_the_wait_and_the_deadline_and_the_idempotency_key(stack: Stack) -> None
     r = httpx.post(url, json=_json_infer("nobody runs this"), headers=late, timeout=10)
     assert r.status_code == 429 and "did not finish within 0.3 s" in r.json()["error"], r.text
     assert int(r.headers["retry-after"]) >= 1
-    same = httpx.post(f"{base}/v1/jobs", json={"input": "x"}, headers=late, timeout=10).json()
+    again = {"input": "nobody runs this"}  # the same request: a key is bound to its request
+    same = httpx.post(f"{base}/v1/jobs", json=again, headers=late, timeout=10).json()
     assert same["status"] == "cancelled"  # the same job, dropped before any worker took it
     # `timeout` (µs) is the job's deadline, `priority` 3 its lane (low).
     due = {"Idempotency-Key": "oip-deadline"}
     body = _json_infer("nor this", timeout=200_000, priority=3)
     r = httpx.post(url, json=body, headers=due, timeout=10)
     assert r.status_code == 429 and "deadline passed" in r.json()["error"], r.text
-    same = httpx.post(f"{base}/v1/jobs", json={"input": "x"}, headers=due, timeout=10).json()
-    assert same["status"] == "expired"
+    same = httpx.post(f"{base}/v1/jobs", json={"input": "nor this"}, headers=due, timeout=10)
+    assert same.json()["status"] == "expired"
     assert stack.r.xlen(keys.stream("echo", lane="low")) == 1
 
 
@@ -287,7 +288,7 @@ def test_a_client_that_leaves_cancels_its_unstarted_job(stack: Stack) -> None:
         )
 
     def cancelled() -> bool:
-        r = httpx.post(f"{base}/v1/jobs", json={"input": "x"}, headers=headers, timeout=10)
+        r = httpx.post(f"{base}/v1/jobs", json={"input": "bye"}, headers=headers, timeout=10)
         return r.json()["status"] == "cancelled"
 
     wait_for(cancelled, 10, "the job to be cancelled")

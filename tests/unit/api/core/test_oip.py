@@ -15,15 +15,8 @@ import pytest
 import tritonclient.http as triton
 
 from inferq.api.core.inputs import wire_inputs
-from inferq.api.core.oip import (
-    InferRequest,
-    Output,
-    check_version,
-    inflate,
-    parse_infer,
-    split_body,
-    submission,
-)
+from inferq.api.core.oip import InferRequest, Output, check_version, parse_infer, submission
+from inferq.api.core.oip_body import inflate, split_body
 from inferq.api.core.oip_tensors import pack_bytes
 from inferq.shared.errors import InputInvalid, InputTooLarge, ModelNotServed
 from inferq.shared.registry import ModelInfo
@@ -33,6 +26,7 @@ SETTINGS = Settings(model="echo")
 TEXT = ModelInfo(inputs=("text",), output="vector", parameters={})
 IMAGE = ModelInfo(inputs=("image",), output="labels", parameters={"top_k": "how many"})
 TENSOR = ModelInfo(inputs=("tensor",), output="any", parameters={"scale": "a factor"})
+MANY = 8  # the protocol's parsing of several tensors (a route allows one: `MAX_TENSORS`)
 
 
 def _tensor(name: str, datatype: str, shape: list[int], **rest: Any) -> dict[str, Any]:
@@ -40,12 +34,12 @@ def _tensor(name: str, datatype: str, shape: list[int], **rest: Any) -> dict[str
 
 
 def _json(*inputs: dict[str, Any], settings: Settings = SETTINGS, **doc: Any) -> InferRequest:
-    return parse_infer(orjson.dumps({"inputs": list(inputs), **doc}), None, settings)
+    return parse_infer(orjson.dumps({"inputs": list(inputs), **doc}), None, settings, MANY)
 
 
 def _binary(inputs: list[dict[str, Any]], data: bytes, **doc: Any) -> InferRequest:
     header = orjson.dumps({"inputs": inputs, **doc})
-    return parse_infer(header + data, str(len(header)), SETTINGS)
+    return parse_infer(header + data, str(len(header)), SETTINGS, MANY)
 
 
 def test_the_body_splits_at_the_header_length() -> None:
@@ -67,7 +61,7 @@ def test_what_tritonclient_sends_parses_binary_and_json() -> None:
         body, length = triton.InferenceServerClient.generate_request_body(
             [a, b], request_id="r1", priority=1, timeout=2_500_000, parameters={"scale": 2}
         )
-        req = parse_infer(body, None if length is None else str(length), SETTINGS)
+        req = parse_infer(body, None if length is None else str(length), SETTINGS, MANY)
         assert req.id == "r1" and req.lane == "high" and req.timeout_s == 2.5
         assert req.parameters == {"scale": 2} and req.outputs is None
         assert req.binary_output is True  # the client asks for binary outputs by default
@@ -195,7 +189,7 @@ def test_limits_hold_before_any_data_is_decoded() -> None:
     with pytest.raises(InputTooLarge, match=r"a row of FP32 \[17\] is 68 bytes, over .*=64"):
         _json(_tensor("tensor", "FP32", [1, 17]), settings=small)
     with pytest.raises(InputTooLarge, match="MAX_INPUTS_PER_JOB=4"):
-        _json(_tensor("tensor", "FP32", [1_000_000_000, 1]), settings=small)
+        _json(_tensor("tensor", "FP32", [1_000_000, 1]), settings=small)
     with pytest.raises(InputTooLarge, match="INFERQ_MAX_JSON_VALUES=50"):
         _json(_tensor("tensor", "FP32", [1, 16], data=[0.0] * 60), settings=small)
     assert len(_json(_tensor("tensor", "FP32", [4, 16], data=[0.0] * 64)).inputs[0]) == 4
