@@ -35,6 +35,7 @@ read and written outside scripts and need no tag. On one Redis the tags change n
 | `cache_bytes(model, shard)`      | string  | counter: bytes held by the shard's cache, bounded by its share of `cache_max_bytes` |
 | `file(file_id)`                  | hash    | an uploaded file's metadata, TTL `batch_file_ttl_s` |
 | `file_content(file_id)`          | string  | the file's bytes, same TTL |
+| `file_upload(file_id, writer)`   | string  | one writer's bytes of a file until whole, then RENAMEd to `file_content`; TTL renewed per chunk |
 | `files(tenant)`                  | zset    | a tenant's file ids by creation second |
 | `batch(batch_id)`                | hash    | a batch's record (status, counts, file ids), TTL `batch_file_ttl_s` |
 | `batch_results(batch_id)`        | hash    | line number → its output or error line, as lines finish |
@@ -227,6 +228,11 @@ def file(file_id: str) -> str:
 
 def file_content(file_id: str) -> str:
     return f"{PREFIX}:file:{{{file_id}}}:content"
+
+
+def file_upload(file_id: str, writer: str) -> str:
+    """The content key's hash tag, so the RENAME into place stays in one cluster slot."""
+    return f"{file_content(file_id)}:upload:{writer}"
 
 
 def files(tenant: str) -> str:

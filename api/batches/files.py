@@ -9,14 +9,24 @@ retry after a timeout cannot duplicate a chunk as APPEND would) and the metadata
 last, so a file is visible only once whole. Batch output and error files are stored the
 same way, under ids derived from the batch id (`BatchStore.output_ids`).
 
+A file being written lives under a key of its writer's own (`keys.file_upload`, TTL
+`UPLOAD_TTL_S`, renewed with each chunk) and is RENAMEd to its content key once whole. A
+write that fails (Redis full part way, the client gone) DELetes it; a process that dies
+mid-write leaves it for `UPLOAD_TTL_S` at most. So no failed upload keeps its bytes for
+days with no record to list, count or delete them, and two writers of one id (a batch's
+finalize re-run by a second holder) never interleave their chunks.
+
 Files belong to a tenant: `get` answers 404 for another tenant's file, as if absent.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -27,8 +37,13 @@ from inferq.shared.errors import JobConflict, JobNotFound
 from inferq.shared.redis_conn import as_str, unavailable
 from inferq.shared.schema import BATCH_FINAL, BatchField, FileField
 
+log = logging.getLogger("inferq.api.batches")
+
 CHUNK_BYTES = 1 << 20  # per Redis call: bounds each reply (reliability guide #17)
 PURPOSES = ("batch",)  # what clients may upload; "batch_output" files are ours
+# A file being written outlives a dead writer by this much at most; renewed with each chunk,
+# so only a writer that has stopped for this long loses it.
+UPLOAD_TTL_S = 600
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +85,14 @@ class FileRecord:
 
 
 class FileWriter:
-    """Buffers up to `CHUNK_BYTES`, writes each chunk at its offset; `close` publishes."""
+    """Buffers up to `CHUNK_BYTES`, writes each chunk at its offset under a key of its own;
+    `close` renames it into place and publishes, `abort` deletes it. A write or close that
+    fails aborts by itself."""
 
     def __init__(self, store: FileStore, file_id: str) -> None:
         self.store = store
         self.file_id = file_id
+        self.key = keys.file_upload(file_id, secrets.token_hex(8))
         self.offset = 0
         self.buf = bytearray()
 
@@ -85,7 +103,11 @@ class FileWriter:
 
     async def _flush(self, n: int) -> None:
         chunk = bytes(self.buf[:n])
-        await self.store.put(self.file_id, self.offset, chunk)
+        try:
+            await self.store.put(self.key, self.offset, chunk)
+        except BaseException:
+            await self.abort()
+            raise
         self.offset += len(chunk)
         del self.buf[:n]
 
@@ -102,8 +124,23 @@ class FileWriter:
             created_at=int(now),
             expires_at=int(now) + self.store.ttl_s,
         )
-        await self.store.publish(rec, now)
+        try:
+            await self.store.place(self.key, self.file_id)
+        except BaseException:
+            await self.abort()
+            raise
+        try:
+            await self.store.publish(rec, now)
+        except BaseException:
+            # Whole, but with no record nothing could list, count or delete it for days.
+            await self.store.discard(keys.file_content(self.file_id))
+            raise
         return rec
+
+    async def abort(self) -> None:
+        """Delete what was written so far; the writer is done."""
+        self.buf.clear()
+        await self.store.discard(self.key)
 
 
 async def index_rank(redis: Redis, index: str, member: str, *, desc: bool) -> int | None:
@@ -128,6 +165,8 @@ class FileStore:
     def __init__(self, redis: Redis, *, ttl_s: int) -> None:
         self.redis = redis
         self.ttl_s = ttl_s
+        self._discards: set[asyncio.Future[None]] = set()  # deletions under way: kept referenced
+        self._uploading: dict[str, tuple[int, int]] = {}  # tenant → (files, bytes) being written
 
     async def create(
         self, tenant: str, filename: str, purpose: str, content: bytes, *, file_id: str = ""
@@ -136,16 +175,63 @@ class FileStore:
         await writer.write(content)
         return await writer.close(tenant, filename, purpose)
 
+    def pending(self, tenant: str) -> tuple[int, int]:
+        """(files, bytes) of the tenant's uploads being written by this process."""
+        return self._uploading.get(tenant, (0, 0))
+
+    @contextlib.contextmanager
+    def uploading(self, tenant: str, nbytes: int) -> Iterator[None]:
+        """Count an upload of `nbytes` in `pending` while it is written. Entered with no await
+        after the quota check, so concurrent uploads of one tenant in this process cannot all
+        pass one check (other processes' uploads show once published)."""
+        files, size = self._uploading.get(tenant, (0, 0))
+        self._uploading[tenant] = (files + 1, size + nbytes)
+        try:
+            yield
+        finally:
+            files, size = self._uploading.pop(tenant)
+            if files > 1:
+                self._uploading[tenant] = (files - 1, size - nbytes)
+
     def writer(self, file_id: str) -> FileWriter:
         """A file written a chunk at a time; writing the same id again replaces it."""
         return FileWriter(self, file_id)
 
     @unavailable
-    async def put(self, file_id: str, offset: int, data: bytes) -> None:
+    async def put(self, key: str, offset: int, data: bytes) -> None:
+        """One chunk of a file being written under `key` (a `keys.file_upload`)."""
         if offset == 0:  # SET: whatever an earlier, interrupted write left is replaced
-            await self.redis.set(keys.file_content(file_id), data, ex=self.ttl_s)
-        else:
-            await self.redis.setrange(keys.file_content(file_id), offset, data)
+            await self.redis.set(key, data, ex=UPLOAD_TTL_S)
+            return
+        async with self.redis.pipeline(transaction=True) as p:
+            p.setrange(key, offset, data)
+            p.expire(key, UPLOAD_TTL_S)
+            await p.execute()
+
+    @unavailable
+    async def place(self, key: str, file_id: str) -> None:
+        """A whole file's bytes from its upload key to its content key, with the file TTL."""
+        content = keys.file_content(file_id)
+        # Two calls (a cluster client pipelines no RENAME), the file TTL second: dying in
+        # between leaves bytes with no record that lapse within UPLOAD_TTL_S.
+        await self.redis.rename(key, content)
+        await self.redis.expire(content, self.ttl_s)
+
+    async def discard(self, key: str) -> None:
+        """Delete a key of a write that failed. Shielded: it completes even when the writer
+        was cancelled (a client gone mid-upload); a failure is logged, not raised (the caller
+        is failing already, and an upload key lapses within `UPLOAD_TTL_S`)."""
+        task = asyncio.ensure_future(self._discard(key))
+        self._discards.add(task)
+        task.add_done_callback(self._discards.discard)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(task)
+
+    async def _discard(self, key: str) -> None:
+        try:
+            await self.redis.delete(key)
+        except Exception as e:  # Redis down as well: the key lapses by its TTL
+            log.warning("could not delete %s after a failed write: %s", key, e)
 
     @unavailable
     async def publish(self, rec: FileRecord, score: float) -> None:

@@ -8,6 +8,14 @@ that dies stops renewing; another takes the batch over once the lease lapses. Wh
 lease is held the batch runs as a `BatchRun` (`inferq.api.batches.run`: the in-flight window,
 results, cancel and expiry, finalize).
 
+Slots are shared fairly (`fair_order`, `hand_backs`): a process runs `MAX_BATCHES` at once,
+and while a tenant waits for a slot here holding fewer than its share (`MAX_BATCHES` over
+the tenants running or waiting, at least one), a tenant holding more than its share hands
+one back: the batch it has held longest (and at least `MIN_HOLD_S`) stops at its run's next
+turn, the lease is released, and the waiting tenant's batch takes the slot; the one handed
+back waits its turn again like any other. With more tenants than slots, each holds one
+and the others wait for a batch to end (or another process).
+
 Why nothing is lost or doubled when a process dies at any point:
 
 - A line's job is submitted under the idempotency key `batch:<batch id>:<line>`, so a new
@@ -33,6 +41,8 @@ import logging
 import os
 import secrets
 import socket
+from collections import Counter
+from collections.abc import Iterable
 
 from inferq.api.batches.files import FileStore
 from inferq.api.batches.run import BatchRun, Gone
@@ -48,6 +58,9 @@ LEASE_MS = 6_000  # how long a dead process's batches wait before another takes 
 RENEW_S = 1.5  # a quarter of the lease: three renewals in a row may fail before it lapses
 SCAN_S = 1.0  # how often a process looks for batches nobody holds
 MAX_BATCHES = 4  # batches one process runs at once: each holds its input file in memory
+# A batch taken runs at least this long before it may be handed back: each take re-reads its
+# input file and submits a window of lines, which this much running pays for.
+MIN_HOLD_S = 5.0
 
 
 def fair_order(batches: list[tuple[str, str]], running: dict[str, int] | None = None) -> list[str]:
@@ -69,6 +82,44 @@ def fair_order(batches: list[tuple[str, str]], running: dict[str, int] | None = 
     return order
 
 
+def hand_backs(
+    held: list[tuple[str, str]], movable: set[str], waiting: Iterable[str], slots: int
+) -> list[str]:
+    """Batch ids to hand back so that waiting tenants get their share of `slots`.
+
+    `held`: (batch id, tenant) of the batches run here and not already handing back, longest
+    held first; `movable`: those held long enough to be handed back; `waiting`: the tenants
+    of batches no process holds. A tenant's share is `slots` over the tenants held or
+    waiting (at least 1). Each waiting tenant below its share gets one slot per call: a free
+    one (slots not in `held`: free, or handing back), else one of the tenant holding the
+    most while that one is above its share. Pure: tested alone."""
+    needy = set(waiting)
+    tenants = {t for _, t in held} | needy
+    if not needy:
+        return []
+    share = max(1, slots // len(tenants))
+    load = Counter(t for _, t in held)
+    free = slots - len(held)
+    out: list[str] = []
+    for tenant in sorted(needy, key=lambda t: (load[t], t)):
+        if load[tenant] >= share:
+            continue
+        if free > 0:
+            free -= 1
+        else:
+            richest = max(load, key=lambda t: (load[t], t))
+            if load[richest] <= share:
+                break
+            victim = next((b for b, t in held if t == richest and b in movable), None)
+            if victim is None:
+                continue  # the richest's batches are all new here: next scan
+            movable.discard(victim)
+            out.append(victim)
+            load[richest] -= 1
+        load[tenant] += 1
+    return out
+
+
 class BatchLeases:
     """Finds active batches, holds their leases, runs each as a `BatchRun`."""
 
@@ -81,6 +132,8 @@ class BatchLeases:
         self.metrics = metrics
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._held: dict[str, asyncio.Task[None]] = {}
+        self._taken: dict[str, float] = {}  # batch id → loop time its lease was taken
+        self._yielding: set[str] = set()  # asked to hand back, not yet released
         self._runs: dict[str, BatchRun] = {}
         self._scan = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -133,11 +186,35 @@ class BatchLeases:
             if batch_id in self._held:
                 running[tenant] = running.get(tenant, 0) + 1
         waiting = [(b, t) for b, t in active if b not in self._held]
+        if waiting and len(self._held) >= MAX_BATCHES:
+            await self._share(active, waiting)
         for batch_id in fair_order(waiting, running):
             if len(self._held) >= MAX_BATCHES:
                 return
             if await self.store.acquire(batch_id, self.owner, LEASE_MS):
+                self._taken[batch_id] = asyncio.get_running_loop().time()
                 self._held[batch_id] = asyncio.create_task(self._hold(batch_id), name=batch_id)
+
+    async def _share(self, active: list[tuple[str, str]], waiting: list[tuple[str, str]]) -> None:
+        """Every slot is held: ask runs of tenants above their share to hand back, for the
+        tenants waiting with no process holding their batch (`hand_backs`)."""
+        free = await self.store.unleased([b for b, _ in waiting])
+        needy = [t for b, t in waiting if b in free]
+        if not needy:
+            return
+        tenant_of = dict(active)
+        now = asyncio.get_running_loop().time()
+        held = sorted(
+            ((b, tenant_of[b]) for b in self._held if b in tenant_of and b not in self._yielding),
+            key=lambda bt: self._taken.get(bt[0], now),
+        )
+        movable = {
+            b for b, _ in held if b in self._runs and now - self._taken.get(b, now) >= MIN_HOLD_S
+        }
+        for batch_id in hand_backs(held, movable, needy, MAX_BATCHES):
+            log.info("batch %s: handing its slot back to a waiting tenant", batch_id)
+            self._yielding.add(batch_id)
+            self._runs[batch_id].hand_back()
 
     async def _hold(self, batch_id: str) -> None:
         """Run the batch while renewing its lease; stop at once if the lease is lost."""
@@ -165,6 +242,8 @@ class BatchLeases:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await work
             self._held.pop(batch_id, None)
+            self._taken.pop(batch_id, None)
+            self._yielding.discard(batch_id)
             with contextlib.suppress(Exception):  # it lapses by itself otherwise
                 await self.store.release(batch_id, self.owner)
             self._scan.set()  # there may be more to take now

@@ -16,6 +16,11 @@ most `ENDING_GRACE_S`) and records every line not run as `batch_cancelled` /
 `batch_expired` in the error file. One taken over while stopping first submits its first
 `INFERQ_BATCH_IN_FLIGHT` unrecorded lines again (`_adopt`), which finds the jobs the last
 holder left, so their results count and the queued ones get cancelled.
+
+A run asked to hand its lease back (`hand_back`: another tenant waits for a slot, see
+`inferq.api.batches.leases`) records what has finished and stops at its loop's next turn
+(`HandedBack`), its submitted jobs left running: the next holder submits those lines again
+and finds them under their idempotency keys, as after a crash.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from inferq.api.batches.files import FileStore
+from inferq.api.batches.files import FileStore, FileWriter
 from inferq.api.batches.lines import (
     ENDPOINTS,
     ERROR,
@@ -44,7 +49,7 @@ from inferq.api.batches.lines import (
 from inferq.api.batches.store import BatchRecord, BatchStore, output_ids
 from inferq.api.core.embeddings import Answer
 from inferq.api.core.service import JobService
-from inferq.shared.errors import JobNotFound, Overloaded, RequestError
+from inferq.shared.errors import JobNotFound, Overloaded, RedisFull, RequestError
 from inferq.shared.jobs import Job, Status
 from inferq.shared.metrics import ApiMetrics
 from inferq.shared.schema import BatchStatus
@@ -67,6 +72,10 @@ ENDING: dict[str, str] = {
 
 class Gone(Exception):
     """The batch ended or vanished under this run (another holder finished it)."""
+
+
+class HandedBack(Gone):
+    """The run stopped to hand its lease back (`BatchRun.hand_back`); the batch goes on."""
 
 
 @dataclass(slots=True)
@@ -108,6 +117,13 @@ class BatchRun:
         self.ending: str | None = None  # "cancelled" or "expired" once the batch stops
         self.ended_at = 0.0  # loop time of the stop
         self.resume_at = 0.0  # no submits before this (loop time), after a 429
+        self.handing_back = False  # asked to stop and hand the lease back (`hand_back`)
+
+    def hand_back(self) -> None:
+        """Stop at the loop's next turn, what has finished recorded, and raise HandedBack.
+        A batch already ending finishes instead: its end is near."""
+        self.handing_back = True
+        self.wake.set()
 
     async def run(self) -> None:
         try:
@@ -140,6 +156,7 @@ class BatchRun:
         loop = asyncio.get_running_loop()
         next_status = next_recheck = loop.time()
         while self.pending or self.flights:
+            await self._hand_back_if_asked()
             now = loop.time()
             if now >= next_status:
                 next_status = now + STATUS_S
@@ -167,6 +184,11 @@ class BatchRun:
             if self.ending and loop.time() > self.ended_at + ENDING_GRACE_S:
                 self._abandon()
         await self._flush()
+
+    async def _hand_back_if_asked(self) -> None:
+        if self.handing_back and not self.ending:
+            await self._flush()
+            raise HandedBack(self.id)
 
     async def _ending(self) -> str | None:
         rec = await self.store.load(self.id)
@@ -252,7 +274,7 @@ class BatchRun:
             )
             try:
                 job = await self.jobs.submit(sub)
-            except Overloaded as e:
+            except (Overloaded, RedisFull) as e:  # waited out, as a client would: not a failure
                 delay = min(float(e.retry_after_s), MAX_BACKOFF_S)
                 self.resume_at = asyncio.get_running_loop().time() + delay
                 return False
@@ -361,6 +383,16 @@ class BatchRun:
         lines went to each."""
         out_id, err_id = output_ids(self.id)
         out, err = self.files.writer(out_id), self.files.writer(err_id)
+        try:
+            return await self._fill_files(lines, out, err)
+        except BaseException:
+            for w in (out, err):  # a finalize re-run writes them again
+                await w.abort()
+            raise
+
+    async def _fill_files(
+        self, lines: list[Line], out: FileWriter, err: FileWriter
+    ) -> dict[bytes, int]:
         counts = {OK: 0, ERROR: 0}
         numbers = [line.number for line in lines]
         for start in range(0, len(numbers), 512):

@@ -281,6 +281,17 @@ class BatchStore:
         return as_str(await self.redis.get(key) or b"") == owner
 
     @unavailable
+    async def unleased(self, batch_ids: Sequence[str]) -> set[str]:
+        """Those of `batch_ids` no process holds a lease on (pipelined: a slot each)."""
+        if not batch_ids:
+            return set()
+        async with self.redis.pipeline(transaction=False) as p:
+            for b in batch_ids:
+                p.exists(keys.batch_lease(b))
+            held = await p.execute()
+        return {b for b, n in zip(batch_ids, held, strict=True) if not n}
+
+    @unavailable
     async def renew(self, batch_id: str, owner: str, lease_ms: int) -> bool:
         return bool(await self._renew(keys=[keys.batch_lease(batch_id)], args=[owner, lease_ms]))
 

@@ -20,6 +20,7 @@ lines and the metrics all read these tables. Two tables, both here and nowhere e
 | InputInvalid, bad JSON     | 422    | invalid_input / invalid_request |
 | Overloaded                 | 429    | overloaded + Retry-After     |
 | QueueUnavailable           | 503    | unavailable + Retry-After    |
+| Redis OOM under the guard  | 503    | unavailable, as RedisFull    |
 | CodecError (a bad record)  | 500    | corrupt_record               |
 | job `too_large`            | 413    | invalid_request_error        |
 | job `invalid_input`        | 422    | invalid_request_error        |
@@ -30,6 +31,8 @@ lines and the metrics all read these tables. Two tables, both here and nowhere e
 """
 
 from __future__ import annotations
+
+from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError
 
 from inferq.shared.errors import (
     Forbidden,
@@ -80,6 +83,52 @@ def refusal_reason(exc: RequestError) -> str:
     """A refused submit's metric label: the admission reason of a 429 (`queue_full`,
     `deadline`...), else the error code. From a fixed set: never the client's words."""
     return exc.reason if isinstance(exc, Overloaded) else request_error(exc)[1]
+
+
+# Redis refusals by error code (the word redis-py's message starts with), in our words: what
+# `/readyz` reports after one (`inferq.api.core.pressure`). Redis's own text names hosts.
+WRITE_REFUSALS = {
+    "OOM": "out of memory (maxmemory, noeviction)",
+    "MISCONF": "writes stopped after a failed RDB save",
+    "NOREPLICAS": "too few replicas for min-replicas-to-write",
+    "READONLY": "a read-only replica",
+    "MASTERDOWN": "its master is down",
+}
+
+
+# The ones redis-py types, stripping the code from the message.
+_TYPED: tuple[tuple[type[Exception], str], ...] = (
+    (OutOfMemoryError, "OOM"),
+    (ReadOnlyError, "READONLY"),
+    (MasterDownError, "MASTERDOWN"),
+)
+
+
+def _causes(exc: BaseException) -> list[str]:
+    """The messages of `exc` and its causes, each typed refusal's with its code put back."""
+    out: list[str] = []
+    e: BaseException | None = exc
+    while e is not None and len(out) < 8:
+        code = next((c for t, c in _TYPED if isinstance(e, t)), None)
+        out.append(f"{code} {e}" if code else str(e).removeprefix("redis unavailable: "))
+        e = e.__cause__
+    return out
+
+
+def write_refusal(exc: BaseException) -> str | None:
+    """What kind of write refusal from Redis `exc` (or its cause) is, or None for another
+    failure (a timeout, a lost connection). Inside a script, Redis 6 says "... -OOM ..."."""
+    for msg in _causes(exc):
+        for code, why in WRITE_REFUSALS.items():
+            if msg.startswith(code + " ") or f"-{code} " in msg or f": {code} " in msg:
+                return why
+    return None
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """A write Redis refused because it is at maxmemory: the memory guard's 503, not
+    "unreachable" (`inferq.api.core.pressure.Reservation`)."""
+    return write_refusal(exc) == WRITE_REFUSALS["OOM"]
 
 
 def job_failure(code: str | None) -> tuple[int, str]:

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from inferq.api.batches.files import CHUNK_BYTES, PURPOSES
+from inferq.api.core.pressure import FILE_WEIGHT
 from inferq.api.middleware import BodyTooLarge
 from inferq.api.responses import FastJSON, list_page
 from inferq.api.routes.deps import Config, Files, Jobs, Tenant
@@ -70,15 +71,37 @@ async def upload_file(
     request: Request, files: Files, jobs: Jobs, settings: Config, tenant: Tenant
 ) -> FastJSON:
     """Upload a JSONL file of batch requests (`purpose=batch`)."""
-    await jobs.memory.check()  # Redis nearly full: 503 before anything is read
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise InputInvalid("POST /v1/files takes multipart/form-data: a 'file' and 'purpose=batch'")
     # A tenant with no room left is refused before its upload is read (up to
-    # INFERQ_MAX_BATCH_FILE_BYTES); once the size is known, checked again against usage
-    # read afresh. Uploads of one tenant in flight at once may each pass: the quota is a
-    # bound per upload, the Redis memory guard above bounds them all.
+    # INFERQ_MAX_BATCH_FILE_BYTES); once the size is known, checked again (usage read
+    # afresh, plus this process's uploads of the tenant under way).
     check_file_quota(await files.usage(tenant), 0, settings, tenant)
     limit = settings.max_batch_file_bytes
+    # Redis memory for the upload is reserved before it is read, by its Content-Length (a
+    # chunked one: by its size once read), and held until its bytes are in Redis: uploads
+    # under way at once cannot pass one check together and fill Redis part way.
+    declared = min(_content_length(request), limit)
+    async with jobs.memory.admit(declared, FILE_WEIGHT) as held:
+        purpose, filename, content = await _read_upload(request, limit)
+        if len(content) > declared:
+            await held.grow(len(content) - declared)
+        usage = await files.usage(tenant)
+        count, size = files.pending(tenant)
+        check_file_quota((usage[0] + count, usage[1] + size), len(content), settings, tenant)
+        with files.uploading(tenant, len(content)):  # no await since the check
+            rec = await files.create(tenant, filename, purpose, content)
+        held.landed()
+    return FastJSON(rec.view())
+
+
+def _content_length(request: Request) -> int:
+    value = request.headers.get("content-length", "")
+    return int(value) if value.isdigit() else 0
+
+
+async def _read_upload(request: Request, limit: int) -> tuple[str, str, bytes]:
+    """(purpose, filename, content) of the form, checked."""
     try:
         async with request.form(max_files=1, max_fields=4) as form:
             purpose = form.get("purpose")
@@ -97,10 +120,7 @@ async def upload_file(
         raise InputTooLarge(f"upload exceeds INFERQ_MAX_BATCH_FILE_BYTES={limit} bytes") from e
     if len(content) > limit:
         raise InputTooLarge(f"file exceeds INFERQ_MAX_BATCH_FILE_BYTES={limit} bytes")
-    check_file_quota(await files.usage(tenant), len(content), settings, tenant)
-    rec = await files.create(tenant, filename, purpose, content)
-    jobs.memory.wrote(len(content))
-    return FastJSON(rec.view())
+    return purpose, filename, content
 
 
 @router.get("/files")

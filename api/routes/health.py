@@ -1,6 +1,6 @@
-"""Is it up: `/healthz` (the process), `/readyz` (Redis + a worker for the default model) and
-`/v1/health` (what an operator reads: `inferq.api.core.health`). None of them ever answers
-500.
+"""Is it up: `/healthz` (the process), `/readyz` (Redis takes new work + a worker for the
+default model) and `/v1/health` (what an operator reads: `inferq.api.core.health`). None of
+them ever answers 500.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from fastapi import APIRouter
 
 from inferq.api.core.health import health_report
 from inferq.api.responses import FastJSON
-from inferq.api.routes.deps import Config, Queue, Registry
+from inferq.api.routes.deps import Config, Jobs, Queue, Registry
 from inferq.shared.errors import QueueUnavailable
 from inferq.shared.jobs import now_ms
 
@@ -28,16 +28,23 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(settings: Config, queue: Queue, registry: Registry) -> FastJSON:
-    """200 only when Redis answers and a live worker serves the default model."""
+async def readyz(settings: Config, queue: Queue, registry: Registry, jobs: Jobs) -> FastJSON:
+    """200 only when Redis answers and takes new work, and a live worker serves the default
+    model. 503 with the reason while the memory guard refuses every submit (Redis past
+    INFERQ_REDIS_MEMORY_HIGH_WATER) or Redis refused a write lately (OOM, MISCONF...):
+    a balancer then sends new clients elsewhere rather than to certain 503s."""
     try:
         await queue.ping()
+        refusing = await jobs.memory.refusing()
         now = now_ms()
         unserved = [m for m in sorted(settings.served_models) if not await registry.live(m, now)]
     except QueueUnavailable as e:
         # Redis's words name hosts and ports: the log has them, an unauthenticated caller not.
         log.warning("/readyz: redis unreachable: %s", e)
         body = {"status": "unavailable", "redis": False, "reason": "redis unreachable"}
+        return FastJSON(body, status_code=503)
+    if refusing is not None:
+        body = {"status": "refusing", "redis": True, "reason": refusing}
         return FastJSON(body, status_code=503)
     ready = settings.default_model.name not in unserved
     body = {"status": "ready" if ready else "no_worker", "redis": True, "unserved_models": unserved}

@@ -19,6 +19,8 @@ def test_key_layout_is_pinned() -> None:
     assert keys.workers("echo") == "inferq:echo:workers"
     assert keys.worker("h:cpu:echo") == "inferq:worker:h:cpu:echo"
     assert keys.GROUP == "workers"
+    # A file being written shares its content key's hash tag: the RENAME stays in one slot.
+    assert keys.file_upload("f1", "w") == "inferq:file:{f1}:content:upload:w"
 
 
 @pytest.mark.parametrize(
