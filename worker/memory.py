@@ -16,7 +16,7 @@ import logging
 import os
 import resource
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -137,45 +137,45 @@ def device_total_bytes(device: str) -> int:
     return device_memory(device).total
 
 
-def nvml_used_bytes(device: str) -> int | None:
-    """Device memory this process uses per NVML (ONNX Runtime's arena is invisible to torch).
-
-    Falls back to the whole device's used memory when NVML does not list our pid (as in
-    some containers); None without pynvml (`nvidia-ml-py`) or a driver.
-    """
-    own = nvml_process_bytes(device)
-    if own is not None:
-        return own
+def _nvml(device: str, read: Callable[[Any, Any], int | None]) -> int | None:
+    """`read(pynvml, handle)` for `device`'s NVML handle; None without pynvml
+    (`nvidia-ml-py`) or a driver, or when NVML answers with an error."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(_cuda_index(device))
-        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+        return read(pynvml, pynvml.nvmlDeviceGetHandleByIndex(_cuda_index(device)))
     except (ImportError, AttributeError, OSError):
         return None
     except Exception as e:  # pynvml.NVMLError, without importing pynvml to name it
         log.debug("nvml: %s", e)
         return None
+
+
+def _own_bytes(pynvml: Any, handle: Any) -> int | None:
+    for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+        if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
+            return int(proc.usedGpuMemory)
+    return None
 
 
 def nvml_process_bytes(device: str) -> int | None:
     """This process's device memory per NVML, the figure nvidia-smi shows for it; None
-    without pynvml or a driver, or when NVML does not list our pid (some containers)."""
-    try:
-        import pynvml
+    without NVML, or when NVML does not list our pid (some containers)."""
+    return _nvml(device, _own_bytes)
 
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(_cuda_index(device))
-        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
-                return int(proc.usedGpuMemory)
-        return None
-    except (ImportError, AttributeError, OSError):
-        return None
-    except Exception as e:  # pynvml.NVMLError, without importing pynvml to name it
-        log.debug("nvml: %s", e)
-        return None
+
+def nvml_used_bytes(device: str) -> int | None:
+    """Device memory this process uses per NVML (ONNX Runtime's arena is invisible to torch);
+    the whole device's used memory when NVML does not list our pid; None without NVML."""
+    own = nvml_process_bytes(device)
+    if own is not None:
+        return own
+    return _nvml(device, lambda pynvml, h: int(pynvml.nvmlDeviceGetMemoryInfo(h).used))
+
+
+def nvml_total_bytes(device: str) -> int | None:
+    return _nvml(device, lambda pynvml, h: int(pynvml.nvmlDeviceGetMemoryInfo(h).total))
 
 
 def footprint_bytes(device: str) -> int:
@@ -344,20 +344,6 @@ def arena_limit_bytes(settings: Any, device: str) -> int | None:
             return None
         budget = parse_budget(settings.memory_budget, total)
     return device_share(budget, settings.workers_per_device)
-
-
-def nvml_total_bytes(device: str) -> int | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(_cuda_index(device))
-        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-    except (ImportError, AttributeError, OSError):
-        return None
-    except Exception as e:  # pynvml.NVMLError, without importing pynvml to name it
-        log.debug("nvml: %s", e)
-        return None
 
 
 @dataclass(slots=True)

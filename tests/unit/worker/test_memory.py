@@ -141,3 +141,36 @@ def test_the_calibrations_meter_reads_peak_reserved_with_the_cache_emptied_per_p
     assert meter.peak() == 5 * GiB // 2
     assert meter.context() == 600 * MiB
     assert "max_memory_reserved" in meter.source
+
+
+def test_nvml_readings_with_a_fake_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The footprint is NVML's figure for this process; the device's use where NVML does
+    not list it; nothing (never an exception) where NVML answers with an error."""
+    import os
+    import sys
+    import types
+
+    from inferq.worker import memory
+
+    listed = [types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=700 * MiB)]
+    info = types.SimpleNamespace(used=3 * GiB, total=16 * GiB)
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetComputeRunningProcesses=lambda h: listed,
+        nvmlDeviceGetMemoryInfo=lambda h: info,
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert memory.nvml_process_bytes("cuda:0") == 700 * MiB
+    assert memory.footprint_bytes("cuda:0") == 700 * MiB
+    assert memory.nvml_total_bytes("cuda:1") == 16 * GiB
+    listed.clear()  # a container where NVML does not see our pid
+    assert memory.nvml_process_bytes("cuda:0") is None
+    assert memory.nvml_used_bytes("cuda:0") == 3 * GiB
+
+    def refuse(handle: int) -> None:
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    fake.nvmlDeviceGetMemoryInfo = refuse
+    assert memory.nvml_used_bytes("cuda:0") is None
+    assert memory.nvml_total_bytes("cuda:0") is None
