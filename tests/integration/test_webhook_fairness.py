@@ -16,13 +16,13 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
 from inferq.shared import keys
 from inferq.shared.jobs import decode_job
+from tests.integration.receivers import HookServer
 from tests.integration.stack import Stack, wait_for
 
 TARPIT_JOBS = 300
@@ -88,29 +88,18 @@ class Live:
 
     def __init__(self) -> None:
         self.arrived: dict[str, float] = {}
-        live = self
+        self.hook = HookServer(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length", "0")))
-                live.arrived.setdefault(json.loads(body)["id"], time.time())
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def _answer(self, path: str, headers: dict[str, str], body: bytes) -> int:
+        self.arrived.setdefault(json.loads(body)["id"], time.time())
+        return 204
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        return self.hook.url()
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.hook.close()
 
 
 @pytest.fixture

@@ -14,12 +14,12 @@ import collections
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
 from inferq.shared import keys
+from tests.integration.receivers import HookServer
 from tests.integration.stack import Stack, wait_for
 
 JOBS = 5
@@ -37,30 +37,19 @@ class FlakyReceiver:
         self.lock = threading.Lock()
         self.seen: collections.Counter[str] = collections.Counter()
         self.attempts: list[tuple[str, int, float]] = []
-        receiver = self
+        self.hook = HookServer(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("content-length", "0")))
-                delivery = self.headers["x-inferq-delivery"]
-                with receiver.lock:
-                    receiver.seen[delivery] += 1
-                    status = 500 if receiver.seen[delivery] <= FAILS_PER_DELIVERY else 200
-                    receiver.attempts.append((delivery, status, time.monotonic()))
-                self.send_response(status)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def _answer(self, path: str, headers: dict[str, str], body: bytes) -> int:
+        delivery = {k.lower(): v for k, v in headers.items()}["x-inferq-delivery"]
+        with self.lock:
+            self.seen[delivery] += 1
+            status = 500 if self.seen[delivery] <= FAILS_PER_DELIVERY else 200
+            self.attempts.append((delivery, status, time.monotonic()))
+        return status
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        return self.hook.url()
 
     def delivered(self) -> dict[str, int]:
         """Delivery id → how many 200s it got."""
@@ -68,8 +57,7 @@ class FlakyReceiver:
             return dict(collections.Counter(d for d, s, _ in self.attempts if s == 200))
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.hook.close()
 
 
 @pytest.fixture

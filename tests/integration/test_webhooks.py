@@ -16,7 +16,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -34,6 +33,7 @@ from inferq.shared.metrics import api_metrics
 from inferq.shared.queue import JobQueue
 from inferq.shared.redis_conn import pubsub_client
 from inferq.shared.settings import Settings
+from tests.integration.receivers import HookServer
 from tests.integration.stack import Stack, wait_for
 
 SECRET = "whsec-integration"
@@ -82,27 +82,10 @@ class Receiver:
         self.flaky_left = 2
         self.held = threading.Event()
         self.release = threading.Event()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length", "0")))
-                status = receiver._answer(self.path, dict(self.headers.items()), body)
-                if status:
-                    self.send_response(status)
-                    self.send_header("content-length", "0")
-                    self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.hook = HookServer(self._answer)
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+        return self.hook.url(path)
 
     def _answer(self, path: str, headers: dict[str, str], body: bytes) -> int:
         with self.lock:
@@ -130,8 +113,7 @@ class Receiver:
 
     def close(self) -> None:
         self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self.hook.close()
 
 
 @pytest.fixture
