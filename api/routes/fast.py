@@ -10,7 +10,7 @@ FastAPI routes stay registered, documented in the OpenAPI schema, and serve ever
 (multipart uploads, DELETE, anything this does not recognise).
 
 It sits inside the body limit (`middleware.UploadLimit`), which refuses an oversized body
-before it is read here.
+before it is read here, and both sit ahead of FastAPI's own stack (`app.InferqAPI`).
 """
 
 from __future__ import annotations
@@ -40,13 +40,15 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
     return dict(scope["headers"])
 
 
-def _hot(scope: Scope, headers: dict[bytes, bytes]) -> bool:
-    """Whether this request is one the hot path answers."""
+def is_hot(scope: Scope, headers: dict[bytes, bytes] | None = None) -> bool:
+    """Whether this HTTP request is one the hot path answers."""
     method, path = scope["method"], scope["path"]
     if method == "GET":
         return path.startswith(JOB_PREFIX) and "/" not in path[len(JOB_PREFIX) :]
     if method != "POST" or path not in ("/v1/jobs", "/v1/infer", "/v1/embeddings"):
         return False
+    if headers is None:
+        headers = _headers(scope)
     return not headers.get(b"content-type", b"").startswith(b"multipart/form-data")
 
 
@@ -103,7 +105,7 @@ class FastPath:
             await self.app(scope, receive, send)
             return
         headers = _headers(scope)
-        if not _hot(scope, headers):
+        if not is_hot(scope, headers):
             await self.app(scope, receive, send)
             return
         try:
