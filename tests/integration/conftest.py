@@ -1,17 +1,20 @@
-"""A real redis-server for the whole session (free port, AOF on), flushed per test; and a
-local Redis Cluster (3 masters + 3 replicas), started once when a test first asks for it."""
+"""A real redis-server for the whole session (free port, AOF on), flushed per test, and a
+`JobQueue` on it; and a local Redis Cluster (3 masters + 3 replicas), started once when a
+test first asks for it."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from redis.asyncio import Redis
 
 from inferq.redis_cluster import LocalCluster, cluster_available
 from inferq.redis_server import RedisServer, RedisServerError, find_redis_server
+from inferq.shared.queue import JobQueue
 from tests.conftest import in_ci
 from tests.integration.stack import Stack
 
@@ -38,6 +41,14 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
     r.flushall()
     r.close()
     yield redis_server.url
+
+
+@pytest.fixture
+async def queue(redis_url: str) -> AsyncIterator[JobQueue]:
+    """The broker client over the session's Redis (flushed for this test)."""
+    r = Redis.from_url(redis_url)
+    yield JobQueue(r, result_ttl_s=60)
+    await r.aclose()
 
 
 @pytest.fixture

@@ -14,13 +14,12 @@ import re
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
-from redis.asyncio import Redis
 
 from inferq.redis_server import RedisServer
 from inferq.shared import keys
@@ -32,13 +31,6 @@ from tests.integration.test_chaos import Publications, _submit_all
 
 # ----------------------------------------------------------------------------------------------
 # Take-over, on the queue itself
-
-
-@pytest.fixture
-async def queue(redis_url: str) -> AsyncIterator[JobQueue]:
-    r = Redis.from_url(redis_url)
-    yield JobQueue(r, result_ttl_s=60)
-    await r.aclose()
 
 
 async def _held_by(queue: JobQueue, consumer: str, n: int, idle_ms: int) -> list[str]:

@@ -4,11 +4,8 @@ request only ever cancels a job it created, never one it got back as a repeat.""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import pytest
-from redis.asyncio import Redis
 
 from inferq.shared import keys
 from inferq.shared.jobs import Job
@@ -16,13 +13,6 @@ from inferq.shared.queue import JobQueue
 from tests.integration.stack import Stack, wait_for
 
 FP_A, FP_B = "a" * 64, "b" * 64
-
-
-@pytest.fixture
-async def queue(redis_url: str) -> AsyncIterator[JobQueue]:
-    r = Redis.from_url(redis_url)
-    yield JobQueue(r, result_ttl_s=60)
-    await r.aclose()
 
 
 async def test_the_scripts_bind_a_key_to_its_fingerprint(queue: JobQueue) -> None:

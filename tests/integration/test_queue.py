@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import numpy as np
-import pytest
-from redis.asyncio import Redis
 
 from inferq.shared import keys
 from inferq.shared.jobs import Job, JobError, Status, encode_final
 from inferq.shared.queue import Final, JobQueue
-
-
-@pytest.fixture
-async def queue(redis_url: str) -> AsyncIterator[JobQueue]:
-    r = Redis.from_url(redis_url)
-    yield JobQueue(r, result_ttl_s=60)
-    await r.aclose()
 
 
 async def test_submit_is_idempotent_per_job_id(queue: JobQueue) -> None:
