@@ -110,7 +110,8 @@ class AsyncClient:
         return await self._run(self._flows.wait(job_id, timeout_s))
 
     async def cancel(self, job_id: str) -> Job:
-        """Cancel a job that has not ended; `Conflict` if it had."""
+        """Cancel a job that has not ended (a running one ends `cancelled` at its worker's
+        next batch: `cancel_requested` until then); `Conflict` if it had."""
         return await self._run(self._flows.cancel(job_id))
 
     async def infer(

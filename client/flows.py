@@ -149,7 +149,9 @@ class Flows:
         return max(0.0, min(self.long_poll_s, deadline - self.clock()))
 
     def cancel(self, job_id: str) -> Flow[Job]:
-        """DELETE /v1/jobs/{id}: the cancelled job; `Conflict` if it had already ended.
+        """DELETE /v1/jobs/{id}: the cancelled job, or, for one a worker runs, the job with
+        `cancel_requested` (it ends `cancelled` with the outputs it has at the worker's next
+        batch: wait for it); `Conflict` if it had already ended.
 
         A retried DELETE whose first attempt did cancel (its answer lost) meets 409: then the
         job is read, and returned if it is cancelled, as the first answer would have been."""

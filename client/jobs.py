@@ -67,6 +67,9 @@ class Job:
     worker: str | None = None
     position: int | None = None
     eta_ms: int | None = None
+    items_total: int | None = None
+    items_done: int | None = None  # trails the batch on the device while it runs
+    cancel_requested: bool = False  # cancelled while running; ends `cancelled` at a batch edge
 
     def to_dict(self) -> dict[str, Any]:
         """The job as JSON-ready data, in the API's shape (arrays as lists, unset fields out)."""
@@ -78,9 +81,11 @@ class Job:
         if self.error is not None:
             out["error"] = {"code": self.error.code, "message": self.error.message}
         out["timings"] = vars(self.timings).copy()
-        for name in ("worker", "position", "eta_ms"):
+        for name in ("worker", "items_total", "items_done", "position", "eta_ms"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
+        if self.cancel_requested:
+            out["cancel_requested"] = True
         return out
 
 

@@ -117,7 +117,8 @@ class Client:
         return self._run(self._flows.wait(job_id, timeout_s))
 
     def cancel(self, job_id: str) -> Job:
-        """Cancel a job that has not ended; `Conflict` if it had."""
+        """Cancel a job that has not ended (a running one ends `cancelled` at its worker's
+        next batch: `cancel_requested` until then); `Conflict` if it had."""
         return self._run(self._flows.cancel(job_id))
 
     def infer(

@@ -228,6 +228,9 @@ def decode_job(reply: Reply) -> Job:
             worker=body.get("worker"),
             position=_optional_int(body.get("position")),
             eta_ms=_optional_int(body.get("eta_ms")),
+            items_total=_optional_int(body.get("items_total")),
+            items_done=_optional_int(body.get("items_done")),
+            cancel_requested=bool(body.get("cancel_requested", False)),
         )
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         raise InvalidResponse(reply.status, "invalid_response", f"not a job view: {e!r}") from e

@@ -86,6 +86,12 @@ class Job:
     webhook: dict[str, Any] | None = None  # {"url": ...}: delivered when final
     cache: dict[str, Any] | None = None  # {"key", "ttl_s", "max_bytes"}: fill on success
     cached: bool = False  # answered from the result cache
+    items: int = 0  # how many inputs it has (kept when a final record drops them)
+    items_done: int = 0  # inputs with an output so far (per batch while running)
+    cancel_requested: bool = False  # cancelled while running: its worker has not ended it yet
+
+    def __post_init__(self) -> None:
+        self.items = self.items or len(self.inputs)
 
     def timings(self) -> dict[str, int | bool | None]:
         """queued: created → taken by a worker; run: taken → final (batching wait + model)."""
@@ -186,14 +192,19 @@ def encode_final(
     batch_size: int = 0,
     batch_tokens: int = 0,
     worker: str = "",
+    items_done: int | None = None,
 ) -> dict[str, bytes]:
-    """Fields written (once, guarded) when a job becomes final."""
+    """Fields written (once, guarded) when a job becomes final. `items_done`: given by the
+    worker that ran it; an outcome written elsewhere (cancel or expiry in the queue) keeps
+    what the record says."""
     fields: dict[str, bytes] = {
         F.STATUS: _pack(str(status)),
         F.FINISHED_MS: _pack(finished_ms),
         F.BATCH_SIZE: _pack(batch_size),
         F.BATCH_TOKENS: _pack(batch_tokens),
     }
+    if items_done is not None:
+        fields[F.ITEMS_DONE] = _pack(items_done)
     if worker:
         fields[F.WORKER] = _pack(worker)
     if outputs is not None:
@@ -244,6 +255,9 @@ def decode_job(raw: dict[bytes, bytes]) -> Job:
             webhook=f.get(F.WEBHOOK),
             cache=f.get(F.CACHE),
             cached=bool(f.get(F.CACHED, False)),
+            items=f.get(F.ITEMS, 0),
+            items_done=f.get(F.ITEMS_DONE, 0),
+            cancel_requested=bool(f.get(F.CANCEL, False)),
         )
     except CodecError:
         raise

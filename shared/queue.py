@@ -82,6 +82,7 @@ class JobQueue:
         self._finish = redis.register_script(lua.source(scripts.FINISH))
         self._hand_back = redis.register_script(lua.source(scripts.HAND_BACK))
         self._start = redis.register_script(lua.source(scripts.START))
+        self._request_cancel = redis.register_script(lua.source(scripts.REQUEST_CANCEL))
         self._cached = redis.register_script(lua.source(scripts.CACHED))
 
     # --- API side ---
@@ -174,6 +175,12 @@ class JobQueue:
         final = Final(job.model, "", "", job.id, fields, tenant=job.tenant)
         script_keys, argv = self._finish_args(job.model, shard_of(job.id), [final], only_if_queued)
         return int((await self._finish(keys=script_keys, args=argv))[0])
+
+    @unavailable
+    async def request_cancel(self, job_id: str) -> str:
+        """Ask the worker running `job_id` to end it (scripts.REQUEST_CANCEL); its status as
+        this call found it ('' if gone): only a `running` job is marked."""
+        return as_str(await self._request_cancel(keys=[keys.job(job_id)]))
 
     def _finish_args(
         self, model: str, shard: int, finals: Sequence[Final], only_if_queued: bool = False
@@ -290,17 +297,20 @@ class JobQueue:
         ]
 
     @unavailable
-    async def start(self, job_ids: Sequence[str], first: Sequence[bool]) -> list[bytes]:
-        """Before a batch runs: count first device starts; return each job's raw status."""
+    async def start(
+        self, job_ids: Sequence[str], first: Sequence[bool], done: Sequence[int]
+    ) -> list[tuple[bytes, bool]]:
+        """Before a batch runs: count first device starts and write each job's progress
+        (`done`: its inputs with an output); per job, its raw status and whether a cancel was
+        asked while it ran (scripts.START)."""
         if not job_ids:
             return []
 
         async def call(ix: list[int]) -> list[Any]:
-            return await self._start(  # type: ignore[no-any-return]
-                keys=[keys.job(job_ids[i]) for i in ix], args=["1" if first[i] else "0" for i in ix]
-            )
+            args = [a for i in ix for a in ("1" if first[i] else "0", done[i])]
+            return await self._start(keys=[keys.job(job_ids[i]) for i in ix], args=args)  # type: ignore[no-any-return]
 
-        return await self._per_shard(job_ids, call)
+        return [(raw, bool(cancel)) for raw, cancel in await self._per_shard(job_ids, call)]
 
     @unavailable
     async def take_over(

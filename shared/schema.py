@@ -43,6 +43,8 @@ class Status(StrEnum):
 
 
 FINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.EXPIRED, Status.CANCELLED})
+#: What a webhook may ask to be told of (`webhook.events`): its job's final statuses.
+WEBHOOK_EVENTS: tuple[str, ...] = tuple(str(s) for s in Status if s.is_final)
 
 
 class ErrorCode(StrEnum):
@@ -108,6 +110,8 @@ class JobField(StrEnum):
     CACHE = "cache"  # {"key", "ttl_s", "max_bytes"}: where FINISH stores the outputs on success
     CACHED = "cached"  # true: the outputs were answered from the result cache, no worker ran
     QUOTA = "quota"  # true: counted against its tenant's queue counters (SUBMIT), FINISH frees
+    ITEMS_DONE = "items_done"  # inputs with an output: written per batch by START, and by FINISH
+    CANCEL = "cancel"  # true: cancelled while running; its worker ends it at its next batch
 
 
 class BatchStatus(StrEnum):

@@ -89,14 +89,18 @@ class Book:
         self.jobs.pop(state.job.id, None)
         self.stats.on_job(final, error)
         end = self.clock.now_ms()
+        done = state.items_done
+        # A job cancelled while it ran keeps what it had: null for each input not run.
+        keep = error is None or (final is Status.CANCELLED and done > 0)
         fields = encode_final(
             final,
             finished_ms=end,
-            outputs=job_outputs(state.outputs) if error is None else None,
+            outputs=job_outputs(state.outputs) if keep else None,
             error=error,
             batch_size=state.batch_size,
             batch_tokens=state.batch_tokens,
             worker=self.worker,
+            items_done=done,
         )
         self.telemetry.on_final(state.job, final, end)
         if error is not None and error.code != ErrorCode.EXPIRED:
@@ -119,6 +123,13 @@ class Book:
             return
         self.scheduler.drop(state)  # its other items never run
         self.finalize(state, error, status)
+
+    def cancel(self, state: JobState) -> None:
+        """Its client cancelled it while it ran: it ends now, with the outputs it has, and its
+        items not yet on the device never get there."""
+        n = len(state.outputs)
+        message = f"cancelled by the client while running, {state.items_done} of {n} inputs done"
+        self.fail(state, JobError(ErrorCode.CANCELLED, message), Status.CANCELLED)
 
     def forget(self, state: JobState) -> None:
         """Someone else made this job final (e.g. DELETE): drop it, ack its entry."""

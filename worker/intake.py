@@ -227,6 +227,12 @@ class Intake:
         for entry, c in zip(entries, claimed, strict=True):
             if c is None or c.job.status.is_final:
                 out.stale.append(entry)  # record expired, cancelled, or a duplicate delivery
+            elif c.job.cancel_requested:  # cancelled while it ran on a worker that then died
+                message = "cancelled by the client while running; its worker stopped"
+                state = JobState(c.job, entry, 0)
+                out.decided.append(
+                    (state, JobError(ErrorCode.CANCELLED, message), Status.CANCELLED)
+                )
             elif (verdict := self._verdict(c.job, now)) is not None:
                 state = JobState(c.job, entry, 0, dead_letter=verdict.code == ErrorCode.POISONED)
                 status = Status.EXPIRED if verdict.code == ErrorCode.EXPIRED else Status.FAILED

@@ -359,7 +359,8 @@ class Worker:
             self._room.set()
 
     async def _start(self, items: list[Item]) -> list[Item]:
-        """Count first device starts on the broker; drop jobs made final elsewhere (cancelled)."""
+        """Count first device starts on the broker and write each job's progress; drop jobs
+        made final elsewhere (expired in the queue) and end those cancelled while they ran."""
         states = list(
             {id(work(it).state): work(it).state for it in items if self.book.live(it)}.values()
         )
@@ -370,15 +371,19 @@ class Worker:
         if checked:
             return [it for it in items if self.book.live(it)]
         try:
-            statuses = await self.queue.start(
-                [s.job.id for s in states], [not s.counted for s in states]
+            replies = await self.queue.start(
+                [s.job.id for s in states],
+                [not s.counted for s in states],
+                [s.items_done for s in states],
             )
         except QueueUnavailable:  # cannot check: run them; the final write stays guarded
-            statuses = [b""] * len(states)
-        for s, raw in zip(states, statuses, strict=True):
+            replies = [(b"", False)] * len(states)
+        for s, (raw, cancel) in zip(states, replies, strict=True):
             s.counted = s.counted or bool(raw)
             if raw and raw not in _NOT_FINAL:
                 self.book.forget(s)
+            elif cancel:
+                self.book.cancel(s)
         return [it for it in items if self.book.live(it)]
 
     # --- stop ---

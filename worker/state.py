@@ -36,6 +36,11 @@ class JobState:
         return self.final_status is not None or self.lost
 
     @property
+    def items_done(self) -> int:
+        """Inputs with an output (a job that failed at admission has none)."""
+        return len(self.outputs) - self.remaining if self.outputs else 0
+
+    @property
     def attempts(self) -> int:
         return self.job.attempts
 

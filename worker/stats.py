@@ -41,6 +41,8 @@ class Stats:
             self.jobs_ok += 1
         elif status is Status.EXPIRED:
             self.jobs_expired += 1
+        elif status is Status.CANCELLED:
+            self.jobs_cancelled += 1
         else:
             self.jobs_failed += 1
             if error is not None and error.code == "poisoned":

@@ -21,7 +21,7 @@ import orjson
 
 from inferq.api.core.inputs import ImageItem, InputItem, TensorItem, TensorSpec, check_json_budget
 from inferq.shared.errors import InputInvalid, InputTooLarge
-from inferq.shared.schema import LANES, Lane
+from inferq.shared.schema import LANES, WEBHOOK_EVENTS, Lane
 from inferq.shared.settings import Settings
 
 MAX_TIMEOUT_S = 86_400
@@ -52,6 +52,7 @@ class JobBody:
     timeout_s: float | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
     webhook: str | None = None
+    webhook_events: tuple[str, ...] | None = None  # None: every final status
     wait: float | None = None
 
 
@@ -145,12 +146,13 @@ def _items(body: dict[str, Any]) -> list[InputItem]:
     return [_item(v, f"inputs.{i}") for i, v in enumerate(inputs)]
 
 
-def _webhook(value: Any) -> str | None:
+def _webhook(value: Any) -> tuple[str, tuple[str, ...] | None] | None:
+    """(url, events) of a `webhook` object; `events` None when it names none (all of them)."""
     if value is None:
         return None
     if not isinstance(value, dict):
         raise InvalidBody("webhook", "Input should be an object")
-    _extra(value, {"url"}, "webhook.")
+    _extra(value, {"url", "events"}, "webhook.")
     url = value.get("url")
     if not isinstance(url, str):
         raise InvalidBody(
@@ -158,7 +160,17 @@ def _webhook(value: Any) -> str | None:
         )
     if len(url) > MAX_URL:
         raise InvalidBody("webhook.url", f"String should have at most {MAX_URL} characters")
-    return url
+    events = value.get("events")
+    if events is None:
+        return url, None
+    if not isinstance(events, list) or not events:
+        raise InvalidBody("webhook.events", "Input should be a non-empty list")
+    for i, e in enumerate(events):
+        if e not in WEBHOOK_EVENTS or not isinstance(e, str):
+            raise InvalidBody(
+                f"webhook.events.{i}", f"Input should be one of {list(WEBHOOK_EVENTS)}"
+            )
+    return url, tuple(sorted(set(events)))
 
 
 def job_body(raw: bytes, *, infer: bool) -> JobBody:
@@ -179,7 +191,8 @@ def job_body(raw: bytes, *, infer: bool) -> JobBody:
     if not isinstance(parameters, dict):
         raise InvalidBody("parameters", "Input should be an object")
     out.parameters = parameters
-    out.webhook = _webhook(body.get("webhook"))
+    if (webhook := _webhook(body.get("webhook"))) is not None:
+        out.webhook, out.webhook_events = webhook
     if infer and (wait := body.get("wait")) is not None:
         out.wait = number(wait, "wait", ge=0)
     return out

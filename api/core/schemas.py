@@ -20,6 +20,11 @@ class Webhook(BaseModel):
         "Private, loopback and link-local targets are refused unless INFERQ_WEBHOOK_ALLOW "
         "lists them.",
     )
+    events: list[Literal["succeeded", "failed", "expired", "cancelled"]] | None = Field(
+        None,
+        min_length=1,
+        description="The final statuses to be told of; all of them when absent.",
+    )
 
 
 class SubmitRequest(BaseModel):
@@ -107,6 +112,16 @@ class JobView(BaseModel):
     error: ErrorBody | None = None
     timings: Timings
     worker: str | None = Field(None, description="The worker that wrote the outcome.")
+    items_total: int = Field(description="How many inputs the job has.")
+    items_done: int = Field(
+        description="Inputs with an output: updated before each batch while it runs, so it "
+        "trails the batch on the device; all of them once it succeeded."
+    )
+    cancel_requested: bool | None = Field(
+        None,
+        description="Cancelled while running: its worker ends it `cancelled`, with the outputs "
+        "it has, at its next batch boundary.",
+    )
     position: int | None = Field(None, description="Jobs ahead of this one (while queued).")
     eta_ms: int | None = Field(None, description="Estimated time to result (while queued).")
 

@@ -86,6 +86,7 @@ class Submission:
     idempotency_key: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
     webhook: str | None = None  # URL to deliver the final job to
+    webhook_events: tuple[str, ...] | None = None  # the final statuses it fires on; None: all
 
 
 @dataclass(slots=True)
@@ -191,7 +192,7 @@ class JobService:
         if sub.webhook is not None:
             await self._check_webhook_backlog(name, sub.tenant)
         # 422 without a signing key or for a URL the SSRF guard refuses (resolved off-loop).
-        webhook = await submit_target(self.settings, sub.tenant, sub.webhook)
+        webhook = await submit_target(self.settings, sub.tenant, sub.webhook, sub.webhook_events)
         timeout_s = sub.timeout_s or self.settings.job_timeout_s
         created = now_ms()
         job = Job(
@@ -412,18 +413,27 @@ class JobService:
         return position, eta
 
     async def cancel(self, job_id: str, tenant: str = "", *, only_if_queued: bool = False) -> Job:
+        """End a job that has not ended. A queued one is `cancelled` at once; a running one is
+        marked, and its worker ends it `cancelled` with the outputs it has at its next batch
+        boundary (the answer shows `cancel_requested`), unless `only_if_queued`."""
         job = await self.get(job_id, tenant)
-        if job.status.is_final:
-            raise JobConflict(f"job {job_id!r} already ended: {job.status}")
         fields = encode_final(
             Status.CANCELLED,
             finished_ms=now_ms(),
             error=JobError(ErrorCode.CANCELLED, "cancelled by the client"),
         )
-        done = await self.queue.cancel(job, fields, only_if_queued=only_if_queued)
-        if done == 0:
-            raise JobConflict(f"job {job_id!r} already ended")
-        return await self.get(job_id, tenant)
+        for _ in range(3):  # a stopping worker may hand it back to the queue meanwhile
+            if job.status.is_final:
+                raise JobConflict(f"job {job_id!r} already ended: {job.status}")
+            done = await self.queue.cancel(job, fields, only_if_queued=True)
+            if done == 1 or only_if_queued:
+                return await self.get(job_id, tenant)
+            if done == -1:
+                raise JobNotFound(f"no job {job_id[:128]!r}")
+            if done == 2 and await self.queue.request_cancel(job_id) == Status.RUNNING:
+                return await self.get(job_id, tenant)
+            job = await self.get(job_id, tenant)
+        raise JobConflict(f"job {job_id!r} is changing hands between workers: try again")
 
     # --- wait ---
     def clamp_wait(self, wait_s: float | None, default_s: float) -> float:

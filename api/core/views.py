@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferq.shared.jobs import Job
+from inferq.shared.jobs import Job, Status
 
 
 def error_body(code: str, message: str) -> dict[str, Any]:
@@ -21,6 +21,11 @@ def job_view(job: Job) -> dict[str, Any]:
     view["timings"] = job.timings()
     if job.worker:
         view["worker"] = job.worker
+    # Progress: written by its worker before each batch, so it trails the batch on the device.
+    view["items_total"] = job.items
+    view["items_done"] = job.items if job.status is Status.SUCCEEDED else job.items_done
+    if job.cancel_requested and not job.status.is_final:
+        view["cancel_requested"] = True
     return view
 
 

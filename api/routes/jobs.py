@@ -127,6 +127,7 @@ def json_submission(
         idempotency_key=key,
         parameters=req.parameters,
         webhook=req.webhook,
+        webhook_events=req.webhook_events,
     )
     return sub, req.wait
 
@@ -189,8 +190,11 @@ async def read_job(jobs: JobService, job_id: str, tenant: str, wait: float) -> F
 
 @router.delete("/jobs/{job_id}", response_model=JobView, responses=_ERRORS)
 async def cancel_job(job_id: str, jobs: Jobs, tenant: Tenant) -> FastJSON:
-    """Cancel a job that has not ended (its items are dropped before batching); 409 if it has."""
-    return FastJSON(job_view(await jobs.cancel(job_id, tenant)))
+    """Cancel a job that has not ended: 200 with it `cancelled` when it was queued; 202 with
+    `cancel_requested` when a worker runs it (it ends `cancelled`, with the outputs it has,
+    at the worker's next batch boundary); 409 if it already ended."""
+    job = await jobs.cancel(job_id, tenant)
+    return FastJSON(job_view(job), status_code=200 if job.status.is_final else 202)
 
 
 @router.post(

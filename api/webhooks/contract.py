@@ -115,10 +115,15 @@ def check_settings(settings: Settings) -> None:
 
 
 async def submit_target(
-    settings: Settings, tenant: str, url: str | None, resolve: ssrf.Resolver = ssrf.system_resolve
+    settings: Settings,
+    tenant: str,
+    url: str | None,
+    events: tuple[str, ...] | None = None,
+    resolve: ssrf.Resolver = ssrf.system_resolve,
 ) -> dict[str, Any] | None:
-    """The job's `webhook` field for `url` (None without one); `InputInvalid` (422) when no
-    key would sign it, or the URL fails the SSRF guard or does not resolve."""
+    """The job's `webhook` field for `url` (None without one), and the final statuses it
+    fires on (`events`; all without); `InputInvalid` (422) when no key would sign it, or the
+    URL fails the SSRF guard or does not resolve."""
     if url is None:
         return None
     if signing_key(settings, tenant) is None:
@@ -134,7 +139,7 @@ async def submit_target(
         raise InputInvalid(f"webhook host {host} does not resolve: {e or 'timed out'}") from e
     except ValueError as e:  # a resolver's own ValueError: a 422 naming it, never a 500
         raise InputInvalid(f"webhook host {host} is not a valid host name: {e}") from e
-    return {"url": url}
+    return {"url": url} if events is None else {"url": url, "events": list(events)}
 
 
 # --- the receiver's contract -----------------------------------------------------------------

@@ -10,7 +10,9 @@ They use the prelude tables of `inferq.shared.lua`: `F` (job fields), `S` (statu
   always admits into an empty queue, so one job larger than the cap is not refused forever.
 - `CLAIM`: mark jobs running (only from queued) and read them, in one trip.
 - `START`: right before a batch, count each job's first device start (`attempts`), so a crash
-  that never returns still counts; returns the live statuses.
+  that never returns still counts, and write each job's progress (`items_done`); returns the
+  live statuses and whether a cancel was asked.
+- `REQUEST_CANCEL`: mark a running job for its worker to end `cancelled` at its next batch.
 - `FINISH`: write the final fields, set the TTL, release the admission counts, publish (and
   dead-letter a poisoned job, queue its webhook delivery, fill the result cache), unless the
   job is already final: a duplicate delivery after a crash can never clobber a result, and a
@@ -128,21 +130,49 @@ end
 return out
 """
 
-# KEYS: jobs about to run on the device. ARGV[i] = '1' if job i starts its first item in this
-# worker: counted in `attempts` (device starts). A job whose worker dies while it is on the
-# device comes back with one more attempt; one that merely waited in a dead worker's hands
-# does not, so only the job that kills workers is ever dead-lettered. Returns raw statuses.
+# KEYS: jobs about to run on the device. ARGV[2i-1] = '1' if job i starts its first item in
+# this worker: counted in `attempts` (device starts). A job whose worker dies while it is on
+# the device comes back with one more attempt; one that merely waited in a dead worker's hands
+# does not, so only the job that kills workers is ever dead-lettered. ARGV[2i] = how many of
+# job i's inputs have an output so far: its progress, written here so it costs no round trip
+# of its own. Returns per job {raw status ('' if gone), 1 if a cancel was asked while it ran}.
 START = """
 local out = {}
 for i, key in ipairs(KEYS) do
-  local raw = redis.call('HGET', key, F.status)
-  out[i] = raw or ''
-  if raw and ARGV[i] == '1' and not FINAL[cmsgpack.unpack(raw)] then
-    local attempts = redis.call('HGET', key, F.attempts)
-    redis.call('HSET', key, F.attempts, cmsgpack.pack((attempts and cmsgpack.unpack(attempts) or 0) + 1))
+  local h = redis.call('HMGET', key, F.status, F.attempts, F.cancel)
+  out[i] = {h[1] or '', h[3] and 1 or 0}
+  if h[1] and not FINAL[cmsgpack.unpack(h[1])] then
+    if ARGV[2 * i - 1] == '1' then
+      redis.call('HSET', key, F.attempts, cmsgpack.pack((h[2] and cmsgpack.unpack(h[2]) or 0) + 1))
+    end
+    local done = tonumber(ARGV[2 * i])
+    if done > 0 then redis.call('HSET', key, F.items_done, cmsgpack.pack(done)) end
   end
 end
 return out
+"""
+
+# KEYS: job. A client cancels a job a worker has started: it is marked, and its worker ends
+# it `cancelled`, with the outputs it has, at its next batch boundary (START says so; a worker
+# that claims it after a crash ends it at once). Returns the status ('' if gone); marks
+# only a running job (a queued one is made final by FINISH; a final one stays as it is).
+REQUEST_CANCEL = """
+local raw = redis.call('HGET', KEYS[1], F.status)
+if not raw then return '' end
+local status = cmsgpack.unpack(raw)
+if status == S.running then redis.call('HSET', KEYS[1], F.cancel, cmsgpack.pack(true)) end
+return status
+"""
+
+# A webhook fires on the final statuses its job asked for (`events`; all of them without).
+_WANTS = """
+local function wants(spec, status)
+  if not spec.events then return true end
+  for _, e in ipairs(spec.events) do
+    if e == status then return true end
+  end
+  return false
+end
 """
 
 # Final outcomes for a batch of jobs in one call (a script call costs Redis far more than
@@ -160,7 +190,9 @@ return out
 # Inputs are dropped from the record unless keep_inputs: a finished job holds its outcome.
 # The completion message carries the final record (inputs left out) when it is small, so
 # a waiting API answers without reading it back; otherwise it says 'final'.
-FINISH = """
+FINISH = (
+    _WANTS
+    + """
 local now = tonumber(ARGV[3])
 local PUBLISH_MAX = 262144
 local function cache_drop(k)
@@ -230,7 +262,8 @@ for i = 8 + ns, #KEYS, 4 do
     if dead == '1' then
       redis.call('XADD', KEYS[3], '*', ENTRY_JOB, id)
     end
-    if h[6] and cmsgpack.unpack(redis.call('HGET', key, F.status)) == S.succeeded then
+    local final = cmsgpack.unpack(redis.call('HGET', key, F.status))
+    if h[6] and final == S.succeeded then
       local outputs = redis.call('HGET', key, F.outputs)
       if outputs then cache_put(cmsgpack.unpack(h[6]), outputs) end
     end
@@ -249,7 +282,7 @@ for i = 8 + ns, #KEYS, 4 do
       flat = redis.call('HGETALL', key)
     end
     local packed = cmsgpack.pack(flat)
-    if h[7] then
+    if h[7] and wants(cmsgpack.unpack(h[7]), final) then
       redis.call('XADD', KEYS[4], '*', D.job, id, D.record, packed)
       redis.call('INCR', KEYS[i + 3])
     end
@@ -259,12 +292,14 @@ for i = 8 + ns, #KEYS, 4 do
 end
 return out
 """
+)
 
 # KEYS: job, webhook stream, the tenant's webhook counter[, idempotency].
 # ARGV: id, ttl_s, idem_ttl_s, fingerprint, fields... (inputs already left out unless kept)
 # Returns {status, value}: ok → ''; dup / conflict → the existing job id (as SUBMIT).
 CACHED = (
     _IDEMPOTENT
+    + _WANTS
     + """
 if #KEYS == 4 then
   local prior = prior_job(KEYS[4], ARGV[4])
@@ -273,7 +308,8 @@ end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', ARGV[1]} end
 redis.call('HSET', KEYS[1], unpack(ARGV, 5))
 redis.call('EXPIRE', KEYS[1], ARGV[2])
-if redis.call('HEXISTS', KEYS[1], F.webhook) == 1 then
+local webhook = redis.call('HGET', KEYS[1], F.webhook)
+if webhook and wants(cmsgpack.unpack(webhook), S.succeeded) then
   local flat, rec = redis.call('HGETALL', KEYS[1]), {}
   for j = 1, #flat, 2 do
     if flat[j] ~= F.inputs then

@@ -32,8 +32,8 @@ async def test_claim_marks_running_once_and_start_counts_attempts(queue: JobQueu
     (again,) = await queue.claim(["j2"], 456)  # a redelivery keeps the first start time
     assert again is not None and again.job.started_ms == 123 and again.job.attempts == 0
     # attempts count device starts: only the first start in a worker counts
-    assert await queue.start(["j2"], [True]) == [b"\xa7running"]
-    await queue.start(["j2"], [False])
+    assert await queue.start(["j2"], [True], [0]) == [(b"\xa7running", False)]
+    await queue.start(["j2"], [False], [0])
     (started,) = await queue.claim(["j2"], 789)
     assert started is not None and started.job.attempts == 1
     assert await queue.claim(["missing"], 1) == [None]

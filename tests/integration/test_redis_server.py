@@ -215,7 +215,7 @@ async def test_the_embedded_redis_is_found_without_a_path_binary_and_runs_the_qu
             first, second = await q.read("echo", "w1", count=2, block_ms=100)
             claimed = await q.claim(["e0", "e1"], 1)
             assert [c and c.job.status for c in claimed] == [Status.RUNNING] * 2
-            await q.start(["e0"], [True])
+            await q.start(["e0"], [True], [0])
             done = encode_final(
                 Status.SUCCEEDED, finished_ms=2, outputs=np.ones((1, 2), np.float32)
             )

@@ -118,9 +118,9 @@ async def test_an_idle_worker_counts_a_lone_jobs_start_in_its_claim(inproc: Any)
     starts: list[list[str]] = []
     real_start = worker.queue.start
 
-    async def spy(job_ids: Any, first: Any) -> list[bytes]:
+    async def spy(job_ids: Any, first: Any, done: Any) -> list[Any]:
         starts.append(list(job_ids))
-        return await real_start(job_ids, first)
+        return await real_start(job_ids, first, done)
 
     worker.queue.start = spy  # type: ignore[method-assign]
     model.gate.clear()

@@ -23,7 +23,9 @@ class Spy:
     def __init__(self, name: str, calls: list[tuple[str, list[str]]]) -> None:
         self.name, self.calls = name, calls
 
-    async def __call__(self, keys: list[str], args: list[Any], client: Any = None) -> Any:
+    async def __call__(
+        self, keys: list[str], args: list[Any] | None = None, client: Any = None
+    ) -> Any:
         assert client is None, f"{self.name} queued on a pipeline: a cluster refuses that"
         self.calls.append((self.name, list(keys)))
         if self.name == "submit":
@@ -33,9 +35,11 @@ class Spy:
         if self.name in ("claim",):
             return [[] for _ in keys]
         if self.name == "start":
-            return [b"" for _ in keys]
+            return [[b"", 0] for _ in keys]
         if self.name == "finish":
             return [1 for k in keys if k.startswith(f"{keys[0].split(':')[0]}:job:")]
+        if self.name == "request_cancel":
+            return b"running"
         return 1
 
 
@@ -44,7 +48,7 @@ def spied() -> tuple[JobQueue, list[tuple[str, list[str]]]]:
     q = JobQueue(fakeredis.aioredis.FakeRedis(), result_ttl_s=60, shards=SHARDS)
     q.cluster = True  # group per shard as on a cluster
     calls: list[tuple[str, list[str]]] = []
-    for name in ("submit", "claim", "finish", "hand_back", "start", "cached"):
+    for name in ("submit", "claim", "finish", "hand_back", "start", "cached", "request_cancel"):
         setattr(q, f"_{name}", Spy(name, calls))
     return q, calls
 
@@ -63,7 +67,7 @@ def test_every_script_call_stays_in_one_slot(spied: tuple[JobQueue, list[Any]]) 
         ids = [j.id for j in jobs]
         await q.claim(ids, 1)
         await q.claim(ids, 1, start_limit=3)
-        await q.start(ids, [True] * len(ids))
+        await q.start(ids, [True] * len(ids), [0] * len(ids))
         entries = [
             Entry(
                 keys.stream("echo", j.priority, int(keys.job_shard(j.id)[1]), SHARDS), "1-0", j.id
@@ -75,6 +79,7 @@ def test_every_script_call_stays_in_one_slot(spied: tuple[JobQueue, list[Any]]) 
         )
         await q.hand_back(entries)
         await q.cancel(jobs[4], {"a": b"1"}, only_if_queued=True)
+        await q.request_cancel(jobs[5].id)
 
     asyncio.run(run())
     assert {name for name, _ in calls} == {
@@ -84,6 +89,7 @@ def test_every_script_call_stays_in_one_slot(spied: tuple[JobQueue, list[Any]]) 
         "hand_back",
         "start",
         "cached",
+        "request_cancel",
     }
     for name, ks in calls:
         slots = {key_slot(k.encode()) for k in ks}

@@ -259,7 +259,7 @@ async def test_a_refusal_names_the_rule_never_the_address_a_name_resolves_to(
         assert address in caplog.text  # for the operator
     keyed = _settings(webhook_secret=SECRET)
     with pytest.raises(InputInvalid) as e:
-        await webhooks.submit_target(keyed, "", "https://x.example/h", resolve)
+        await webhooks.submit_target(keyed, "", "https://x.example/h", resolve=resolve)
     assert "10.0.0.5" not in str(e.value) and "private address" in str(e.value)
 
 
@@ -304,7 +304,7 @@ async def test_a_resolver_value_error_is_a_refusal_not_a_crash() -> None:
     keyed = _settings(webhook_secret=SECRET)
     for resolve in (idna_fails, garbage):
         with pytest.raises(InputInvalid, match=r"webhook host x\.example"):
-            await webhooks.submit_target(keyed, "", "https://x.example/h", resolve)
+            await webhooks.submit_target(keyed, "", "https://x.example/h", resolve=resolve)
         rec = Recorder()
         poster = Poster(keyed, resolve=resolve, transport=httpx.MockTransport(rec))
         out = await poster.attempt(Delivery.of(_job(), "5-0", "https://x.example/h"))
@@ -332,7 +332,7 @@ async def test_an_a_label_idna_cannot_decode_is_refused_with_the_reason() -> Non
     )
     keyed = _settings(webhook_secret=SECRET)
     with pytest.raises(InputInvalid, match="A-label must not end with a hyphen"):
-        await webhooks.submit_target(keyed, "", "https://xn--a-/hook", _no_lookup)
+        await webhooks.submit_target(keyed, "", "https://xn--a-/hook", resolve=_no_lookup)
     rec = Recorder()  # at delivery (queued before this check): a dead letter, no request
     poster = Poster(keyed, resolve=_no_lookup, transport=httpx.MockTransport(rec))
     out = await poster.attempt(Delivery.of(_job(), "5-0", "https://xn--a-/hook"))
@@ -362,7 +362,7 @@ async def test_submit_target_rules() -> None:
     with pytest.raises(InputInvalid, match=r"10\.0\.0\.1 is a private address"):
         await webhooks.submit_target(keyed, "", "http://10.0.0.1/x")
     with pytest.raises(InputInvalid, match="does not resolve"):
-        await webhooks.submit_target(keyed, "", "https://nowhere.invalid/", _resolver({}))
+        await webhooks.submit_target(keyed, "", "https://nowhere.invalid/", resolve=_resolver({}))
     allowed = _settings(webhook_secret=SECRET, webhook_allow="127.0.0.1")
     url = "http://127.0.0.1:9999/hook"
     assert await webhooks.submit_target(allowed, "", url) == {"url": url}
