@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -20,9 +20,9 @@ from inferq.shared.queue import Final
 from inferq.worker.clock import Clock
 from inferq.worker.outbox import Outbox
 from inferq.worker.policy.batcher import Item
-from inferq.worker.policy.scheduler import Scheduler
+from inferq.worker.policy.ceiling import LiveCeiling
+from inferq.worker.policy.scheduler import Owner
 from inferq.worker.state import JobState, work
-from inferq.worker.stats import Stats
 from inferq.worker.telemetry import Telemetry
 
 log = logging.getLogger("inferq.worker")
@@ -39,13 +39,24 @@ def job_outputs(outputs: list[Any]) -> np.ndarray | list[Any]:
     return [plain(o) for o in outputs]
 
 
+class Waiting(Protocol):
+    """What the book needs of the scheduler: where held jobs' items wait for a batch."""
+
+    ceiling: LiveCeiling
+
+    def add(self, state: Owner, items: list[Item]) -> None: ...
+
+    def drop(self, state: Owner) -> None: ...
+
+    def oldest_arrival(self) -> float | None: ...
+
+
 class Book:
     def __init__(
         self,
         model_name: str,
-        scheduler: Scheduler,
+        scheduler: Waiting,
         outbox: Outbox,
-        stats: Stats,
         telemetry: Telemetry,
         clock: Clock,
         worker: str = "",
@@ -54,7 +65,6 @@ class Book:
         self.worker = worker
         self.scheduler = scheduler
         self.outbox = outbox
-        self.stats = stats
         self.telemetry = telemetry
         self.clock = clock
         self.jobs: dict[str, JobState] = {}
@@ -87,7 +97,6 @@ class Book:
         final = status or (Status.SUCCEEDED if error is None else Status.FAILED)
         state.final_status = final
         self.jobs.pop(state.job.id, None)
-        self.stats.on_job(final, error)
         end = self.clock.now_ms()
         done = state.items_done
         # A job cancelled while it ran keeps what it had: null for each input not run.
@@ -102,7 +111,7 @@ class Book:
             worker=self.worker,
             items_done=done,
         )
-        self.telemetry.on_final(state.job, final, end)
+        self.telemetry.on_final(state.job, final, error, end)
         if error is not None and error.code != ErrorCode.EXPIRED:
             log.warning("job %s %s: %s %s", state.job.id, final, error.code, error.message)
         e = state.entry
@@ -134,7 +143,7 @@ class Book:
     def forget(self, state: JobState) -> None:
         """Someone else made this job final (e.g. DELETE): drop it, ack its entry."""
         state.final_status = Status.CANCELLED
-        self.stats.jobs_cancelled += 1
+        self.telemetry.on_forgotten()
         self.jobs.pop(state.job.id, None)
         self.scheduler.drop(state)
         self.outbox.ack(state.entry)
@@ -183,7 +192,6 @@ class Book:
     def on_rows(
         self, items: list[Item], outputs: Sequence[Any] | np.ndarray, padded: int, run_s: float
     ) -> None:
-        self.stats.on_batch(len(items), padded)
         oldest = self.scheduler.oldest_arrival()
         self.telemetry.on_batch(
             len(items),
@@ -209,9 +217,7 @@ class Book:
         self.fail(work(item).state, error)
 
     def on_oom(self, items: list[Item], padded: int, before: int, after: int) -> None:
-        self.stats.ooms += 1
         self.telemetry.on_oom(after)
 
     def on_split(self, items: list[Item]) -> None:
-        self.stats.splits += 1
         self.telemetry.on_split()

@@ -25,7 +25,7 @@ import numpy as np
 from inferq.shared.jobs import ErrorCode, Job, JobError
 from inferq.worker.models.base import Model, ModelError, Prepared, is_oom
 from inferq.worker.policy.batcher import Item
-from inferq.worker.policy.scheduler import Scheduler, padded_cost
+from inferq.worker.policy.scheduler import padded_cost
 from inferq.worker.state import JobState, Work, work
 
 log = logging.getLogger("inferq.worker")
@@ -71,8 +71,21 @@ def _outputs(out: Any, n: int) -> Sequence[Any] | np.ndarray:
     return out
 
 
+class Sizing(Protocol):
+    """What the executor needs of the scheduler: whether a batch still fits, how to split
+    one, and what a success or an OOM does to the live ceiling."""
+
+    def fits(self, items: list[Item]) -> bool: ...
+
+    def split(self, items: list[Item]) -> tuple[list[Item], list[Item]]: ...
+
+    def on_success(self, run_s: float) -> int | None: ...
+
+    def on_oom(self, padded: int) -> tuple[int, int]: ...
+
+
 class Executor:
-    def __init__(self, model: Model, scheduler: Scheduler, *, threads: int, device: str) -> None:
+    def __init__(self, model: Model, scheduler: Sizing, *, threads: int, device: str) -> None:
         self.model = model
         self.scheduler = scheduler
         self.device = device

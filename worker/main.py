@@ -16,6 +16,7 @@ from inferq.shared.logs import setup_logging
 from inferq.shared.metrics import worker_metrics
 from inferq.shared.redis_conn import worker_client
 from inferq.shared.settings import ModelSpec, Settings
+from inferq.worker.build import WorkerPlan, build_worker
 from inferq.worker.calibration.fit import resolve_ceiling
 from inferq.worker.memory import EXPANDABLE, DeviceBound, bound_device, configure_allocator
 from inferq.worker.models.base import Model, probe_inputs
@@ -27,7 +28,6 @@ from inferq.worker.plan import (
     settle_plan,
     thread_plan,
 )
-from inferq.worker.runtime import Worker
 
 log = logging.getLogger("inferq.worker")
 
@@ -85,20 +85,16 @@ async def serve(
     if settings.worker_metrics_port:
         start_http_server(settings.worker_metrics_port, registry=metrics.registry)
         log.info("worker metrics on :%d/metrics", settings.worker_metrics_port)
-    worker = Worker(
-        settings,
-        model,
-        model_name,
-        redis,
+    plan = WorkerPlan(
         device=device,
+        backend=backend,
         ceiling=ceiling,
         ceiling_reason=reason,
-        metrics=metrics,
-        backend=backend,
-        model_threads=model_threads,
         calibration=calibration,
+        model_threads=model_threads,
         budget_bytes=bound.share_bytes if bound is not None else 0,
     )
+    worker = build_worker(settings, model, model_name, redis, plan, metrics=metrics)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)

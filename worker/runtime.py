@@ -37,28 +37,23 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
-
-from redis.asyncio import Redis
+from dataclasses import dataclass
 
 from inferq.shared.errors import QueueUnavailable
 from inferq.shared.jobs import Status, pack_field
-from inferq.shared.metrics import WorkerMetrics
 from inferq.shared.queue import JobQueue
 from inferq.shared.registry import ModelInfo, WorkerBeat, WorkerRegistry
 from inferq.shared.retry import Backoff
 from inferq.shared.settings import Settings
 from inferq.worker.book import Book
-from inferq.worker.clock import Clock, SystemClock
+from inferq.worker.clock import Clock
 from inferq.worker.executor import Executor
 from inferq.worker.heartbeat import Heartbeat, Snapshot
 from inferq.worker.intake import Admission, Intake
-from inferq.worker.models.base import Model, model_version
 from inferq.worker.outbox import Outbox
 from inferq.worker.policy.batcher import Batch, Item
-from inferq.worker.policy.ceiling import LiveCeiling
 from inferq.worker.policy.scheduler import Scheduler
 from inferq.worker.state import JobState, Work, work
-from inferq.worker.stats import Stats
 from inferq.worker.telemetry import Telemetry
 
 log = logging.getLogger("inferq.worker")
@@ -88,80 +83,42 @@ async def ended(tasks: set[asyncio.Task[None]], timeout_s: float) -> None:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    """Who a worker is, as its heartbeat, its logs and its results name it."""
+
+    consumer: str  # its consumer name in the group: unique per process
+    model_name: str
+    device: str
+    backend: str = ""
+    calibration: str = ""
+    ceiling_reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerParts:
+    queue: JobQueue
+    registry: WorkerRegistry
+    scheduler: Scheduler
+    telemetry: Telemetry
+    outbox: Outbox
+    book: Book
+    intake: Intake
+    executor: Executor
+    info: ModelInfo  # what the model takes and gives, declared in Redis at start
+    clock: Clock
+
+
 class Worker:
-    def __init__(
-        self,
-        settings: Settings,
-        model: Model,
-        model_name: str,
-        redis: Redis,
-        *,
-        device: str,
-        ceiling: int | None = None,
-        ceiling_reason: str = "",
-        metrics: WorkerMetrics | None = None,
-        backend: str = "",
-        model_threads: int = 1,
-        calibration: str = "",
-        clock: Clock | None = None,
-        budget_bytes: int = 0,
-    ) -> None:
-        self.settings, self.model_name, self.device = settings, model_name, device
-        self.backend, self.calibration, self.ceiling_reason = backend, calibration, ceiling_reason
-        self.clock = clock or SystemClock()
-        self.consumer = settings.consumer_name(device, model_name)
-        self.queue = JobQueue(
-            redis,
-            result_ttl_s=settings.result_ttl_s,
-            shards=settings.stream_shards,
-            keep_inputs=settings.keep_inputs,  # FINISH drops a job's inputs unless asked not to
-        )
-        self.registry = WorkerRegistry(redis)
-        max_cost = model.max_cost or 1
-        top = max(ceiling or settings.max_batch_tokens, max_cost)
-        self.scheduler = Scheduler(
-            LiveCeiling(top, max_cost, settings.ceiling_recover_after),
-            max_batch_size=settings.max_batch_size,
-            max_wait_s=settings.max_wait_ms / 1000,
-            min_fill=settings.min_padding_efficiency,
-            streams=model_threads,
-        )
-        self.stats = Stats()
-        self.telemetry = Telemetry(settings, model_name, device, metrics, budget_bytes)
-        self.outbox = Outbox(self.queue)
-        self.book = Book(
-            model_name,
-            self.scheduler,
-            self.outbox,
-            self.stats,
-            self.telemetry,
-            self.clock,
-            worker=self.consumer,
-        )
-        self.intake = Intake(
-            self.queue,
-            self.registry,
-            model,
-            settings,
-            model_name=model_name,
-            consumer=self.consumer,
-            clock=self.clock,
-        )
-        self.executor = Executor(model, self.scheduler, threads=model_threads, device=device)
-        self.info = ModelInfo(
-            inputs=tuple(sorted(str(k) for k in model.inputs)),
-            output=str(model.output),
-            parameters=dict(model.parameters),
-            max_cost=model.max_cost,
-            version=model_version(
-                model,
-                model_name,
-                backend,
-                settings.model_path or "",
-                settings.onnx_variant,
-                settings.dtype,
-            ),
-        )
+    """Runs the parts `inferq.worker.build.build_worker` made (it builds none of its own)."""
+
+    def __init__(self, settings: Settings, identity: WorkerIdentity, parts: WorkerParts) -> None:
+        self.settings, self.identity = settings, identity
+        self.consumer, self.model_name = identity.consumer, identity.model_name
+        self.queue, self.registry, self.info = parts.queue, parts.registry, parts.info
+        self.scheduler, self.telemetry, self.clock = parts.scheduler, parts.telemetry, parts.clock
+        self.outbox, self.book = parts.outbox, parts.book
+        self.intake, self.executor = parts.intake, parts.executor
         self.heartbeat = Heartbeat(
             self.registry,
             self.snapshot,
@@ -200,9 +157,9 @@ class Worker:
             "worker %s serving model=%s device=%s ceiling=%d (%s) max_batch_size=%d max_wait_ms=%g",
             self.consumer,
             self.model_name,
-            self.device,
+            self.identity.device,
             self.scheduler.ceiling.value,
-            self.ceiling_reason or "INFERQ_MAX_BATCH_TOKENS",
+            self.identity.ceiling_reason or "INFERQ_MAX_BATCH_TOKENS",
             self.settings.max_batch_size,
             self.settings.max_wait_ms,
         )
@@ -230,7 +187,7 @@ class Worker:
                 await self.heartbeat.unregister(self.consumer, self.model_name)
             self.intake.shutdown()
             self.executor.shutdown(wait=clean)  # a hung model thread must not hold the exit
-        s = self.stats
+        s = self.telemetry.counts
         log.info(
             "worker %s stopped after %.1fs: batches=%d items=%d jobs ok=%d failed=%d expired=%d "
             "cancelled=%d poisoned=%d handed_back=%d taken_over=%d lost=%d ooms=%d splits=%d "
@@ -434,7 +391,7 @@ class Worker:
     def _on_lost(self, entries: dict[str, list[str]]) -> None:
         lost = self.book.lose(entries)
         if lost:
-            self.stats.lost += len(lost)
+            self.telemetry.on_lost(len(lost))
             log.warning(
                 "lost %d jobs to another worker (this one was unresponsive past its heartbeat "
                 "TTL): dropped them, carrying on",
@@ -447,14 +404,14 @@ class Worker:
         if not self._on_device:
             self.telemetry.read_memory()  # between batches; during one, the batch line reads it
         alloc, reserved, total = self.telemetry.memory
-        s = self.stats
+        s, me = self.telemetry.counts, self.identity
         beat = WorkerBeat(
-            id=self.consumer,
+            id=me.consumer,
             host=socket.gethostname(),
             pid=os.getpid(),
-            model=self.model_name,
-            backend=self.backend,
-            device=self.device,
+            model=me.model_name,
+            backend=me.backend,
+            device=me.device,
             token_ceiling=self.scheduler.ceiling.value,
             items_per_s=round(s.items_per_s(), 2),
             last_batch_size=s.last_batch_size,
@@ -467,8 +424,8 @@ class Worker:
             mem_allocated=alloc,
             mem_reserved=reserved,
             mem_total=total,
-            calibration=self.calibration,
-            ceiling_reason=self.ceiling_reason,
+            calibration=me.calibration,
+            ceiling_reason=me.ceiling_reason,
             mem_footprint=self.telemetry.footprint,
             mem_budget=self.telemetry.budget,
         )

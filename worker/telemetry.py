@@ -1,17 +1,20 @@
-"""What a worker tells people: metrics, the per-batch watermark line, memory snapshots.
+"""What a worker tells people: counts, metrics, the per-batch watermark line, memory snapshots.
 
 No decisions are made here; the book and the executor report what happened and this turns
-it into Prometheus series (`inferq.shared.metrics.WorkerMetrics`), one log line per batch and,
-past `INFERQ_SNAPSHOT_AT` on CUDA, a memory snapshot.
+it into the counts the heartbeat and the closing line show (`Counts`), Prometheus series
+(`inferq.shared.metrics.WorkerMetrics`), one log line per batch and, past
+`INFERQ_SNAPSHOT_AT` on CUDA, a memory snapshot.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from inferq.shared.jobs import Job, Status
+from inferq.shared.jobs import ErrorCode, Job, JobError, Status, now_ms
 from inferq.shared.metrics import WorkerMetrics
 from inferq.shared.settings import Settings
 from inferq.worker.memory import SnapshotState, device_memory, footprint_bytes
@@ -19,6 +22,35 @@ from inferq.worker.memory import SnapshotState, device_memory, footprint_bytes
 log = logging.getLogger("inferq.worker")
 
 FOOTPRINT_EVERY_S = 1.0  # how often a CUDA worker asks NVML for its footprint
+
+
+@dataclass(slots=True)
+class Counts:
+    """What the heartbeat and the closing summary line show."""
+
+    batches: int = 0
+    items: int = 0
+    jobs_ok: int = 0
+    jobs_failed: int = 0
+    jobs_expired: int = 0
+    jobs_cancelled: int = 0
+    jobs_poisoned: int = 0
+    ooms: int = 0
+    splits: int = 0
+    lost: int = 0  # jobs taken over by another worker while this one was unresponsive
+    last_batch_size: int = 0
+    last_batch_tokens: int = 0
+    last_batch_at_ms: int = 0
+    recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=4096))
+
+    def items_per_s(self, window_s: float = 10.0) -> float:
+        """Throughput over the last `window_s` (or since the first batch, if more recent)."""
+        now = time.monotonic()
+        recent = [(t, n) for t, n in self.recent if t >= now - window_s]
+        if not recent:
+            return 0.0
+        span = max(now - recent[0][0], 1.0)
+        return sum(n for _, n in recent) / min(span, window_s)
 
 
 class Telemetry:
@@ -38,6 +70,7 @@ class Telemetry:
         self.budget = budget_bytes  # this worker's share of INFERQ_MEMORY_BUDGET; 0: none
         self.memory = (0, 0, 0)  # allocated, reserved, total bytes at the last reading
         self.footprint = 0  # the process's device memory as nvidia-smi shows it
+        self.counts = Counts()
         self._clock = clock
         self._footprint_at = float("-inf")
         self._snapshots: SnapshotState | None = None  # made on first use
@@ -56,6 +89,11 @@ class Telemetry:
     def on_batch(
         self, items: int, padded: int, ceiling: int, run_s: float, held: int, oldest_wait_s: float
     ) -> None:
+        c = self.counts
+        c.batches += 1
+        c.items += items
+        c.last_batch_size, c.last_batch_tokens, c.last_batch_at_ms = items, padded, now_ms()
+        c.recent.append((time.monotonic(), items))
         alloc, reserved, total = self.read_memory()
         if self.metrics:
             m = self.metrics
@@ -84,15 +122,34 @@ class Telemetry:
         self._maybe_snapshot(reserved, total)
 
     def on_oom(self, after: int) -> None:
+        self.counts.ooms += 1
         if self.metrics:
             self.metrics.oom.inc()
             self.metrics.token_ceiling.set(after)
 
     def on_split(self) -> None:
+        self.counts.splits += 1
         if self.metrics:
             self.metrics.batch_splits.inc()
 
-    def on_final(self, job: Job, status: Status, end_ms: int) -> None:
+    def on_lost(self, jobs: int) -> None:
+        self.counts.lost += jobs
+
+    def on_forgotten(self) -> None:
+        """A held job was made final elsewhere (expired in the queue): it ended here unrun."""
+        self.counts.jobs_cancelled += 1
+
+    def on_final(self, job: Job, status: Status, error: JobError | None, end_ms: int) -> None:
+        c = self.counts
+        if status is Status.SUCCEEDED:
+            c.jobs_ok += 1
+        elif status is Status.EXPIRED:
+            c.jobs_expired += 1
+        elif status is Status.CANCELLED:
+            c.jobs_cancelled += 1
+        else:
+            c.jobs_failed += 1
+            c.jobs_poisoned += error is not None and error.code == ErrorCode.POISONED
         if not self.metrics:
             return
         m = self.metrics

@@ -21,6 +21,7 @@ from inferq.shared.jobs import Job, new_job_id
 from inferq.shared.queue import JobQueue
 from inferq.shared.redis_conn import worker_client
 from inferq.shared.settings import Settings
+from inferq.worker.build import WorkerPlan, build_worker
 from inferq.worker.models.base import DeviceOutOfMemory
 from inferq.worker.models.echo import EchoModel
 from inferq.worker.runtime import Worker
@@ -131,12 +132,12 @@ class InProcess:
         return job.id
 
     async def start(self) -> Worker:
-        self.worker = Worker(
+        self.worker = build_worker(
             self.settings,
             self.model,
             "echo",
             self.redis,
-            device="cpu",
+            WorkerPlan(device="cpu"),
             clock=self.clock,  # type: ignore[arg-type]
         )
         self.task = asyncio.create_task(self.worker.run())

@@ -45,7 +45,7 @@ async def test_a_failing_batch_is_split_until_the_bad_job_fails_alone(inproc: An
         assert good.outputs is not None and good.outputs.tolist() == [expected_vector(text)]
     runs = w.model.ran("goes boom")
     assert len(runs[0]) == 4 and runs[-1] == ["goes boom"], runs  # bisected down to it
-    assert w.worker.stats.splits >= 2
+    assert w.worker.telemetry.counts.splits >= 2
 
 
 async def test_oom_splits_lowers_the_ceiling_and_fails_only_what_cannot_fit(inproc: Any) -> None:
@@ -62,7 +62,7 @@ async def test_oom_splits_lowers_the_ceiling_and_fails_only_what_cannot_fit(inpr
     assert too_large.status is Status.FAILED and too_large.error is not None
     assert too_large.error.code == ErrorCode.TOO_LARGE
     ceiling = w.worker.scheduler.ceiling
-    assert w.worker.stats.ooms >= 2 and ceiling.lowered >= 1 and ceiling.value < 24
+    assert w.worker.telemetry.counts.ooms >= 2 and ceiling.lowered >= 1 and ceiling.value < 24
     lowered = ceiling.value
     for i in range(6):  # successes raise it back, a step per `ceiling_recover_after`
         await w.final(await w.submit(f"x {i}"))

@@ -16,7 +16,6 @@ from inferq.worker.policy.batcher import Item
 from inferq.worker.policy.ceiling import LiveCeiling
 from inferq.worker.policy.scheduler import Scheduler
 from inferq.worker.state import JobState, Work
-from inferq.worker.stats import Stats
 from inferq.worker.telemetry import Telemetry
 
 
@@ -61,7 +60,7 @@ def _book() -> tuple[Book, Posted, Scheduler, Clock]:
     scheduler = Scheduler(LiveCeiling(100, 1, 3), max_batch_size=8, max_wait_s=0.0, min_fill=0.0)
     posted, clock = Posted(), Clock()
     telemetry = Telemetry(Settings(model="echo"), "m", "cpu", None)
-    book = Book("m", scheduler, posted, Stats(), telemetry, clock, worker="w")  # type: ignore[arg-type]
+    book = Book("m", scheduler, posted, telemetry, clock, worker="w")  # type: ignore[arg-type]
     return book, posted, scheduler, clock
 
 
