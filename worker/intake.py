@@ -50,7 +50,7 @@ log = logging.getLogger("inferq.worker")
 
 
 @dataclass(slots=True)
-class Admission:
+class Arrivals:
     """What one claim produced: jobs to hold, jobs already decided, entries to just ack."""
 
     held: list[tuple[JobState, list[Item]]] = field(default_factory=list)
@@ -214,7 +214,7 @@ class Intake:
             )
         return taken
 
-    async def admit(self, entries: list[Entry], *, idle: bool = False) -> Admission:
+    async def admit(self, entries: list[Entry], *, idle: bool = False) -> Arrivals:
         """Claim `entries` and decide each job's fate (see the module docstring).
 
         `idle`: nothing is held or running, so a lone job read now is the next batch: its
@@ -222,7 +222,7 @@ class Intake:
         now = self.clock.now_ms()
         limit = self.settings.max_deliveries if idle and len(entries) == 1 else 0
         claimed = await self.queue.claim([e.job_id for e in entries], now, start_limit=limit)
-        out = Admission()
+        out = Arrivals()
         ready: list[tuple[Entry, Job, bool]] = []
         for entry, c in zip(entries, claimed, strict=True):
             if c is None or c.job.status.is_final:
@@ -245,7 +245,7 @@ class Intake:
             await self._prepare_held(ready, out)
         return out
 
-    async def _prepare_held(self, ready: list[tuple[Entry, Job, bool]], out: Admission) -> None:
+    async def _prepare_held(self, ready: list[tuple[Entry, Job, bool]], out: Arrivals) -> None:
         jobs = [(entry, job) for entry, job, _ in ready]
         loop = asyncio.get_running_loop()
         prepared = await loop.run_in_executor(self._prepare, self._prepare_all, jobs)

@@ -24,26 +24,26 @@ class Outbox:
     def __init__(self, queue: JobQueue) -> None:
         self.queue = queue
         # Unbounded on purpose: a finished result must never be dropped or block the device.
-        self._queue: asyncio.Queue[Final | Entry] = asyncio.Queue()
+        self._pending: asyncio.Queue[Final | Entry] = asyncio.Queue()
         self.posting: set[str] = set()  # job ids finalised here and not yet written
         self.unavailable_since: float | None = None  # loop time of the first failed post
         self._in_flight = 0  # taken off the queue, not yet written
 
     def post(self, final: Final) -> None:
         self.posting.add(final.job_id)
-        self._queue.put_nowait(final)
+        self._pending.put_nowait(final)
 
     def ack(self, entry: Entry) -> None:
-        self._queue.put_nowait(entry)
+        self._pending.put_nowait(entry)
 
     @property
     def pending(self) -> int:
         """Results and acks not yet written (queued or being posted)."""
-        return self._queue.qsize() + self._in_flight
+        return self._pending.qsize() + self._in_flight
 
     async def drained(self) -> None:
         """Returns once everything queued so far is written."""
-        await self._queue.join()
+        await self._pending.join()
 
     async def _post(self, finals: list[Final], stale: list[Entry]) -> None:
         """Write `finals` (and ack `stale`): retry-safe, so the caller may call it again."""
@@ -62,8 +62,8 @@ class Outbox:
 
     def _take(self, first: Final | Entry) -> list[Final | Entry]:
         batch = [first]
-        while not self._queue.empty():
-            batch.append(self._queue.get_nowait())
+        while not self._pending.empty():
+            batch.append(self._pending.get_nowait())
         self._in_flight = len(batch)
         return batch
 
@@ -73,15 +73,15 @@ class Outbox:
                 self.posting.discard(f.job_id)
         self._in_flight = 0
         for _ in batch:
-            self._queue.task_done()
+            self._pending.task_done()
 
     async def flush(self) -> None:
         """Write what is queued now, from the caller's task: a quiet worker's one result goes
         out without waking the run task (one hop fewer). Nothing is lost either way: if
         another write is under way, or Redis fails, `run` takes it as usual."""
-        if self._in_flight or self._queue.empty():
+        if self._in_flight or self._pending.empty():
             return
-        batch = self._take(self._queue.get_nowait())
+        batch = self._take(self._pending.get_nowait())
         try:
             await self._post(
                 [f for f in batch if isinstance(f, Final)],
@@ -90,15 +90,15 @@ class Outbox:
         except QueueUnavailable:
             self._in_flight = 0
             for item in batch:  # back in line: `run` retries them with backoff
-                self._queue.put_nowait(item)
-                self._queue.task_done()
+                self._pending.put_nowait(item)
+                self._pending.task_done()
             return
         self._written(batch)
 
     async def run(self) -> None:
         backoff = Backoff()
         while True:
-            batch = self._take(await self._queue.get())
+            batch = self._take(await self._pending.get())
             finals = [f for f in batch if isinstance(f, Final)]
             stale = [e for e in batch if isinstance(e, Entry)]
             while True:

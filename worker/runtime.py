@@ -49,7 +49,7 @@ from inferq.worker.book import Book
 from inferq.worker.clock import Clock
 from inferq.worker.executor import Executor
 from inferq.worker.heartbeat import Heartbeat, Snapshot
-from inferq.worker.intake import Admission, Intake
+from inferq.worker.intake import Arrivals, Intake
 from inferq.worker.outbox import Outbox
 from inferq.worker.policy.batcher import Batch, Item
 from inferq.worker.policy.scheduler import Scheduler
@@ -235,7 +235,7 @@ class Worker:
                 try:
                     entries = await self.intake.fetch(room, self.book.knows)
                     idle = not (self.book.jobs or self._on_device or self._stopping.is_set())
-                    admission = await self.intake.admit(entries, idle=idle) if entries else None
+                    arrivals = await self.intake.admit(entries, idle=idle) if entries else None
                 except QueueUnavailable as e:
                     delay = backoff.next()
                     log.warning("redis read failed (%s); reconnecting in %.1fs", e, delay)
@@ -243,8 +243,8 @@ class Worker:
                     await asyncio.sleep(delay)
                     continue
                 backoff.reset()
-                if admission is not None:
-                    self._apply(admission)
+                if arrivals is not None:
+                    self._apply(arrivals)
             # Reads still in flight on other shards: hold what they bring, so the drain
             # hands it back instead of leaving it in this worker's pending list.
             if late := [e for e in await self.intake.settle() if not self.book.knows(e.job_id)]:
@@ -253,15 +253,15 @@ class Worker:
         finally:
             self._consumed.set()
 
-    def _apply(self, admission: Admission) -> None:
-        for entry in admission.stale:
+    def _apply(self, arrivals: Arrivals) -> None:
+        for entry in arrivals.stale:
             self.outbox.ack(entry)
-        for state, error, status in admission.decided:
+        for state, error, status in arrivals.decided:
             self.book.finalize(state, error, status)
-        for state, items in admission.held:
+        for state, items in arrivals.held:
             self.book.hold(state, items)
-        if admission.alone is not None:
-            entry, job = admission.alone
+        if arrivals.alone is not None:
+            entry, job = arrivals.alone
             state = JobState(job, entry, 1, outputs=[None], counted=True)
             self.book.hold_running(state)
             self._running.add(asyncio.create_task(self._run_alone(state)))
