@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from inferq.client import Client, JobFailed, JobStatus
 from inferq.shared import keys
 from inferq.shared.jobs import Status, decode_job
 from inferq.worker.models.echo import expected_vector
@@ -158,3 +159,27 @@ def test_a_job_cancelled_while_its_worker_was_dying_ends_cancelled_on_the_next(
     assert record.status is Status.CANCELLED and record.worker
     second.signal(signal.SIGTERM)
     assert second.wait(20) == 0
+
+
+def test_the_client_cancels_a_running_job_and_sees_its_progress(stack: Stack) -> None:
+    stack.worker(echo_batch_delay_ms=200, max_batch_size=4)
+    base = stack.api()
+    with Client(base) as client:
+        job = client.submit([f"line {i}" for i in range(40)])
+        assert client.get(job.id).items_total == 40
+
+        def started() -> bool:
+            now = client.get(job.id)
+            return now.status is JobStatus.RUNNING and (now.items_done or 0) >= 4
+
+        wait_for(started, 30, "the job to run its first batch")
+        asked = client.cancel(job.id)
+        assert asked.status is JobStatus.RUNNING and asked.cancel_requested
+        with pytest.raises(JobFailed) as ended:
+            client.wait(job.id, timeout_s=30)
+        done = ended.value.job
+        assert done.status is JobStatus.CANCELLED and not done.cancel_requested
+        assert done.items_done is not None and asked.items_done is not None
+        assert asked.items_done <= done.items_done <= asked.items_done + 4
+        assert isinstance(done.outputs, list) and len(done.outputs) == 40
+        assert sum(o is not None for o in done.outputs) == done.items_done
