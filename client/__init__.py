@@ -3,9 +3,11 @@
 `Client` (blocking) and `AsyncClient` (asyncio) share one core (`flows`), so they retry,
 decode and fail alike: 429 and 503 retried after their Retry-After with capped, jittered
 backoff; one Idempotency-Key per logical call, so a retry never makes a second job; results
-as `Job`s whose vector outputs are float32 arrays; errors from one tree (`errors`).
+as `Job`s whose vector outputs are float32 arrays; errors from one tree (`errors`). Job
+records travel as msgpack with packed arrays by default (`packed` reads them; `compact=False`
+asks for JSON).
 
-Imports httpx and numpy only: nothing of the server (no redis, pydantic or FastAPI).
+Imports httpx and numpy only: nothing of the server (no redis, pydantic, FastAPI or msgpack).
 """
 
 from inferq.client.aio import AsyncClient

@@ -10,7 +10,15 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Generator,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from typing import Any, TypeVar
 
 import httpx
@@ -27,6 +35,7 @@ from inferq.client.wire import (
     embeddings_body,
     http_options,
     job_body,
+    list_params,
 )
 
 T = TypeVar("T")
@@ -45,6 +54,7 @@ class AsyncClient:
         retry: RetryPolicy | None = None,
         long_poll_s: float = 30.0,
         headers: Mapping[str, str] | None = None,
+        compact: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
@@ -54,7 +64,7 @@ class AsyncClient:
             retry or RetryPolicy(), long_poll_s=long_poll_s, clock=clock, rng=rng or random.Random()
         )
         self._http = httpx.AsyncClient(
-            **http_options(base_url, api_key, timeout, headers), transport=transport
+            **http_options(base_url, api_key, timeout, headers, compact), transport=transport
         )
         self._sleep = sleep
 
@@ -86,6 +96,8 @@ class AsyncClient:
         parameters: Mapping[str, Any] | None = None,
         webhook: str | None = None,
         idempotency_key: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        result_ttl_s: int | None = None,
     ) -> Job:
         """Queue a job (POST /v1/jobs); returns it queued. Exactly one of `inputs`, `input`."""
         body = job_body(
@@ -96,6 +108,8 @@ class AsyncClient:
             timeout_s=timeout_s,
             parameters=parameters,
             webhook=webhook,
+            metadata=metadata,
+            result_ttl_s=result_ttl_s,
         )
         return await self._run(self._flows.submit(body, idempotency_key))
 
@@ -108,6 +122,37 @@ class AsyncClient:
         `WaitTimeout` if still not final after `timeout_s` (None: `DEFAULT_WAIT_S`, 300 s;
         `math.inf` waits without a bound)."""
         return await self._run(self._flows.wait(job_id, timeout_s))
+
+    async def jobs(
+        self,
+        *,
+        status: str | None = None,
+        model: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        created_after: int | None = None,
+        created_before: int | None = None,
+        include_outputs: bool = False,
+        page_size: int = 100,
+    ) -> AsyncIterator[Job]:
+        """Your jobs, newest first (GET /v1/jobs), fetched a page at a time as you iterate:
+        filtered by status, model, labels (all must match) and creation time (Unix s)."""
+        after: str | None = None
+        while True:
+            params = list_params(
+                limit=page_size,
+                after=after,
+                status=status,
+                model=model,
+                metadata=metadata,
+                created_after=created_after,
+                created_before=created_before,
+                include_outputs=include_outputs,
+            )
+            jobs, more, after = await self._run(self._flows.list_page(params))
+            for job in jobs:
+                yield job
+            if not more or after is None:
+                return
 
     async def cancel(self, job_id: str) -> Job:
         """Cancel a job that has not ended (a running one ends `cancelled` at its worker's
@@ -125,6 +170,8 @@ class AsyncClient:
         parameters: Mapping[str, Any] | None = None,
         webhook: str | None = None,
         idempotency_key: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        result_ttl_s: int | None = None,
     ) -> Job:
         """Submit and wait (POST /v1/infer, then long-polls): the succeeded job, or
         `JobFailed`. The wait is bounded: by the job's deadline `timeout_s` plus 30 s, or
@@ -137,6 +184,8 @@ class AsyncClient:
             timeout_s=timeout_s,
             parameters=parameters,
             webhook=webhook,
+            metadata=metadata,
+            result_ttl_s=result_ttl_s,
         )
         return await self._run(self._flows.infer(body, idempotency_key))
 

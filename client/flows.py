@@ -32,7 +32,15 @@ import numpy as np
 from inferq.client.errors import JobFailed, TransportError, WaitTimeout
 from inferq.client.jobs import Job, JobStatus
 from inferq.client.retry import RetryPolicy
-from inferq.client.wire import Call, Reply, Sleep, decode_embeddings, decode_job, job_vectors
+from inferq.client.wire import (
+    Call,
+    Reply,
+    Sleep,
+    decode_embeddings,
+    decode_job,
+    decode_job_list,
+    job_vectors,
+)
 
 T = TypeVar("T")
 Step: TypeAlias = Call | Sleep
@@ -123,6 +131,13 @@ class Flows:
         if not reply.ok:
             raise reply.error()
         return decode_job(reply)
+
+    def list_page(self, params: dict[str, str]) -> Flow[tuple[list[Job], bool, str | None]]:
+        """GET /v1/jobs: one page, whether there are more, and the `after` of the next."""
+        reply, _ = yield from self.exchange(Call("GET", "/v1/jobs", params=params))
+        if not reply.ok:
+            raise reply.error()
+        return decode_job_list(reply)
 
     def wait(self, job_id: str, timeout_s: float | None) -> Flow[Job]:
         """Long-poll until the job is final: the succeeded job, else `JobFailed`;

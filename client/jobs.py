@@ -70,6 +70,8 @@ class Job:
     items_total: int | None = None
     items_done: int | None = None  # trails the batch on the device while it runs
     cancel_requested: bool = False  # cancelled while running; ends `cancelled` at a batch edge
+    metadata: dict[str, str] = field(default_factory=dict)  # the labels it was submitted with
+    created_at: int | None = None  # Unix seconds
 
     def to_dict(self) -> dict[str, Any]:
         """The job as JSON-ready data, in the API's shape (arrays as lists, unset fields out)."""
@@ -86,6 +88,10 @@ class Job:
                 out[name] = getattr(self, name)
         if self.cancel_requested:
             out["cancel_requested"] = True
+        if self.metadata:
+            out["metadata"] = dict(self.metadata)
+        if self.created_at is not None:
+            out["created_at"] = self.created_at
         return out
 
 

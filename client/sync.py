@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -30,6 +30,7 @@ from inferq.client.wire import (
     embeddings_body,
     http_options,
     job_body,
+    list_params,
 )
 
 T = TypeVar("T")
@@ -38,7 +39,9 @@ T = TypeVar("T")
 class Client:
     """A blocking inferq client: retries, idempotency keys, long-polls and typed results.
 
-    `transport` replaces httpx's network transport (tests pass an `httpx.MockTransport`);
+    Job records come as msgpack with packed arrays (`compact`, the default: `Accept:
+    application/msgpack, application/json`), decoded to the same `Job`s as JSON would give;
+    `compact=False` asks for JSON. `transport` replaces httpx's network transport (tests pass an `httpx.MockTransport`);
     `sleep`, `clock` and `rng` replace `time.sleep`, `time.monotonic` and the jitter's random
     source, so a test never really waits. Use it as a context manager, or call `close()`.
     """
@@ -52,6 +55,7 @@ class Client:
         retry: RetryPolicy | None = None,
         long_poll_s: float = 30.0,
         headers: Mapping[str, str] | None = None,
+        compact: bool = True,
         transport: httpx.BaseTransport | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
@@ -61,7 +65,7 @@ class Client:
             retry or RetryPolicy(), long_poll_s=long_poll_s, clock=clock, rng=rng or random.Random()
         )
         self._http = httpx.Client(
-            **http_options(base_url, api_key, timeout, headers), transport=transport
+            **http_options(base_url, api_key, timeout, headers, compact), transport=transport
         )
         self._sleep = sleep
 
@@ -93,6 +97,8 @@ class Client:
         parameters: Mapping[str, Any] | None = None,
         webhook: str | None = None,
         idempotency_key: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        result_ttl_s: int | None = None,
     ) -> Job:
         """Queue a job (POST /v1/jobs); returns it queued. Exactly one of `inputs`, `input`."""
         body = job_body(
@@ -103,6 +109,8 @@ class Client:
             timeout_s=timeout_s,
             parameters=parameters,
             webhook=webhook,
+            metadata=metadata,
+            result_ttl_s=result_ttl_s,
         )
         return self._run(self._flows.submit(body, idempotency_key))
 
@@ -115,6 +123,36 @@ class Client:
         `WaitTimeout` if still not final after `timeout_s` (None: `DEFAULT_WAIT_S`, 300 s;
         `math.inf` waits without a bound)."""
         return self._run(self._flows.wait(job_id, timeout_s))
+
+    def jobs(
+        self,
+        *,
+        status: str | None = None,
+        model: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        created_after: int | None = None,
+        created_before: int | None = None,
+        include_outputs: bool = False,
+        page_size: int = 100,
+    ) -> Iterator[Job]:
+        """Your jobs, newest first (GET /v1/jobs), fetched a page at a time as you iterate:
+        filtered by status, model, labels (all must match) and creation time (Unix s)."""
+        after: str | None = None
+        while True:
+            params = list_params(
+                limit=page_size,
+                after=after,
+                status=status,
+                model=model,
+                metadata=metadata,
+                created_after=created_after,
+                created_before=created_before,
+                include_outputs=include_outputs,
+            )
+            jobs, more, after = self._run(self._flows.list_page(params))
+            yield from jobs
+            if not more or after is None:
+                return
 
     def cancel(self, job_id: str) -> Job:
         """Cancel a job that has not ended (a running one ends `cancelled` at its worker's
@@ -132,6 +170,8 @@ class Client:
         parameters: Mapping[str, Any] | None = None,
         webhook: str | None = None,
         idempotency_key: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        result_ttl_s: int | None = None,
     ) -> Job:
         """Submit and wait (POST /v1/infer, then long-polls): the succeeded job, or
         `JobFailed`. The wait is bounded: by the job's deadline `timeout_s` plus 30 s, or
@@ -144,6 +184,8 @@ class Client:
             timeout_s=timeout_s,
             parameters=parameters,
             webhook=webhook,
+            metadata=metadata,
+            result_ttl_s=result_ttl_s,
         )
         return self._run(self._flows.infer(body, idempotency_key))
 

@@ -19,8 +19,9 @@ from typing import Any, Literal
 import httpx
 import numpy as np
 
+from inferq.client import packed
 from inferq.client.errors import APIError, InvalidResponse, error_class
-from inferq.client.jobs import Job, JobError, JobStatus, Timings, as_outputs
+from inferq.client.jobs import Job, JobError, JobStatus, Outputs, Timings, as_outputs
 
 # One input: text, an encoded image's bytes, a tensor, or an item already in the API's shape.
 Item = str | bytes | np.ndarray | Mapping[str, Any]
@@ -32,6 +33,11 @@ TENSOR_DTYPES = frozenset(
 )
 # The part of an unreadable error body kept in the message: enough to recognise a proxy's page.
 _TEXT_KEPT = 300
+# What the client asks for by default: a job record in msgpack, its arrays as packed bytes
+# (a vector is 4 bytes a number instead of ~20 as JSON text, and no float parsing); JSON from
+# a server that does not speak it. `compact=False` asks for JSON only.
+ACCEPT_COMPACT = "application/msgpack, application/json"
+ACCEPT_JSON = "application/json"
 
 
 @dataclass(frozen=True)
@@ -70,8 +76,9 @@ class Sleep:
 
 @dataclass(frozen=True)
 class Reply:
-    """An HTTP answer as the flows read it: status, headers, the JSON body (None if it is not
-    JSON) and the start of its text (for the message of an unreadable error)."""
+    """An HTTP answer as the flows read it: status, headers, the body decoded (JSON, or
+    msgpack when the server answered `application/msgpack`; None if it is neither) and the
+    start of its text (for the message of an unreadable error)."""
 
     status: int
     headers: Mapping[str, str]
@@ -80,6 +87,13 @@ class Reply:
 
     @classmethod
     def of(cls, response: httpx.Response) -> Reply:
+        if response.headers.get("content-type", "").startswith("application/msgpack"):
+            try:
+                return cls(response.status_code, response.headers, packed.unpackb(response.content))
+            except ValueError as e:
+                raise InvalidResponse(
+                    response.status_code, "invalid_response", f"unreadable msgpack: {e}"
+                ) from e
         try:
             body = response.json()
         except ValueError:  # an HTML page from a proxy, an empty body
@@ -164,6 +178,8 @@ def job_body(
     timeout_s: float | None,
     parameters: Mapping[str, Any] | None,
     webhook: str | None,
+    metadata: Mapping[str, str] | None = None,
+    result_ttl_s: int | None = None,
 ) -> dict[str, Any]:
     """The JSON body of `POST /v1/jobs` and `/v1/infer` (fields left to the server's defaults
     are not sent). Exactly one of `inputs` (a list) or `input` (one item)."""
@@ -182,7 +198,38 @@ def job_body(
         body["parameters"] = dict(parameters)
     if webhook is not None:
         body["webhook"] = {"url": webhook}
+    if metadata:
+        body["metadata"] = dict(metadata)
+    if result_ttl_s is not None:
+        body["result_ttl_s"] = result_ttl_s
     return body
+
+
+def list_params(
+    *,
+    limit: int,
+    after: str | None,
+    status: str | None,
+    model: str | None,
+    metadata: Mapping[str, str] | None,
+    created_after: int | None,
+    created_before: int | None,
+    include_outputs: bool,
+) -> dict[str, str]:
+    """The query of `GET /v1/jobs` (filters left out are not sent)."""
+    params = {
+        "limit": limit,
+        "after": after,
+        "status": status,
+        "model": model,
+        "created_after": created_after,
+        "created_before": created_before,
+    }
+    query = {k: str(v) for k, v in params.items() if v is not None}
+    query.update({f"metadata[{k}]": v for k, v in (metadata or {}).items()})
+    if include_outputs:
+        query["include_outputs"] = "true"
+    return query
 
 
 def embeddings_body(texts: str | Sequence[str], model: str | None, wait_s: float) -> dict[str, Any]:
@@ -215,14 +262,27 @@ def _timings(raw: Any) -> Timings:
 
 def decode_job(reply: Reply) -> Job:
     """The `Job` in a job view (fields this client does not know are ignored)."""
+    return _job(reply.body, reply.status)
+
+
+def decode_job_list(reply: Reply) -> tuple[list[Job], bool, str | None]:
+    """A page of `GET /v1/jobs`: its jobs, whether there are more, and the next `after`."""
     body = reply.body
+    try:
+        data, more, last = body["data"], bool(body["has_more"]), body.get("last_id")
+    except (KeyError, TypeError) as e:
+        raise InvalidResponse(reply.status, "invalid_response", f"not a job list: {e!r}") from e
+    return [_job(view, reply.status) for view in data], more, last
+
+
+def _job(body: Any, status: int) -> Job:
     try:
         error, outputs = body.get("error"), body.get("outputs")
         return Job(
             id=str(body["id"]),
             model=str(body.get("model", "")),
             status=JobStatus(body["status"]),
-            outputs=None if outputs is None else as_outputs(outputs),
+            outputs=None if outputs is None else _outputs(outputs),
             error=None if error is None else JobError(str(error["code"]), str(error["message"])),
             timings=_timings(body.get("timings")),
             worker=body.get("worker"),
@@ -231,9 +291,18 @@ def decode_job(reply: Reply) -> Job:
             items_total=_optional_int(body.get("items_total")),
             items_done=_optional_int(body.get("items_done")),
             cancel_requested=bool(body.get("cancel_requested", False)),
+            metadata=dict(body.get("metadata") or {}),
+            created_at=_optional_int(body.get("created_at")),
         )
     except (AttributeError, KeyError, TypeError, ValueError) as e:
-        raise InvalidResponse(reply.status, "invalid_response", f"not a job view: {e!r}") from e
+        raise InvalidResponse(status, "invalid_response", f"not a job view: {e!r}") from e
+
+
+def _outputs(outputs: Any) -> Outputs:
+    # A msgpack answer packs a vector model's outputs as one array; JSON lists them.
+    if packed.is_array(outputs):
+        return packed.array(outputs).astype(np.float32, copy=False)
+    return as_outputs(outputs)
 
 
 def _row(embedding: Any) -> np.ndarray:
@@ -266,13 +335,17 @@ def http_options(
     api_key: str | None,
     timeout: float | httpx.Timeout,
     headers: Mapping[str, str] | None,
+    compact: bool = True,
 ) -> dict[str, Any]:
-    """The httpx settings both clients share: base URL, Bearer key, timeouts.
+    """The httpx settings both clients share: base URL, Bearer key, timeouts, and what to
+    accept (`compact`: msgpack job records first, `ACCEPT_COMPACT`; else JSON only).
 
     A number as `timeout` bounds connect, read and write, not the wait for a pooled
     connection: `map` beyond the pool's size (100) then queues for a connection instead of
     failing with a pool timeout while long-polls hold the others."""
     merged = {"user-agent": "inferq-client", **(headers or {})}
+    if all(k.lower() != "accept" for k in merged):  # the caller's own Accept wins
+        merged["accept"] = ACCEPT_COMPACT if compact else ACCEPT_JSON
     if api_key:
         merged["authorization"] = f"Bearer {api_key}"
     if not isinstance(timeout, httpx.Timeout):

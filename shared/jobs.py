@@ -22,7 +22,7 @@ import numpy as np
 
 from inferq.shared import keys
 from inferq.shared.errors import CodecError
-from inferq.shared.schema import FINAL, SCHEMA_VERSION, ErrorCode, Status
+from inferq.shared.schema import FINAL, SCHEMA_VERSION, ErrorCode, InputKind, Status
 from inferq.shared.schema import JobField as F
 
 __all__ = [
@@ -32,15 +32,18 @@ __all__ = [
     "Job",
     "JobError",
     "Status",
+    "decode_input",
     "decode_job",
     "decode_published",
     "encode_final",
     "encode_submit",
+    "image_input",
     "input_bytes",
     "new_job_id",
     "now_ms",
     "pack_field",
     "plain",
+    "tensor_input",
 ]
 
 
@@ -89,6 +92,8 @@ class Job:
     items: int = 0  # how many inputs it has (kept when a final record drops them)
     items_done: int = 0  # inputs with an output so far (per batch while running)
     cancel_requested: bool = False  # cancelled while running: its worker has not ended it yet
+    metadata: dict[str, str] = field(default_factory=dict)  # the caller's labels
+    result_ttl_s: int = 0  # how long the final record lives; 0: the server's INFERQ_RESULT_TTL_S
 
     def __post_init__(self) -> None:
         self.items = self.items or len(self.inputs)
@@ -112,6 +117,31 @@ def _pack(value: Any) -> bytes:
 
 def _unpack(raw: bytes) -> Any:
     return msgpack.unpackb(raw, raw=False)
+
+
+def image_input(data: bytes) -> dict[str, bytes]:
+    """An image input as Redis carries it: the uploaded file's bytes, never base64."""
+    return {"image": data}
+
+
+def tensor_input(dtype: str, shape: list[int], data: bytes) -> dict[str, Any]:
+    """A raw-array input as Redis carries it: dtype, shape, little-endian bytes."""
+    return {"tensor": {"dtype": dtype, "shape": shape, "data": data}}
+
+
+def decode_input(value: Any) -> tuple[InputKind, str | bytes | tuple[str, tuple[int, ...], bytes]]:
+    """One input off the wire: (TEXT, str), (IMAGE, bytes) or (TENSOR, (dtype, shape, data));
+    `ValueError` naming what is off for anything else."""
+    if isinstance(value, str):
+        return InputKind.TEXT, value
+    if isinstance(value, dict) and isinstance(value.get("image"), bytes):
+        return InputKind.IMAGE, value["image"]
+    if isinstance(value, dict) and isinstance(t := value.get("tensor"), dict):
+        try:
+            return InputKind.TENSOR, (str(t["dtype"]), tuple(t["shape"]), t["data"])
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"malformed tensor: {e}") from e
+    raise ValueError(f"unknown input shape {type(value).__name__}")
 
 
 def input_bytes(value: Any) -> int:
@@ -180,6 +210,10 @@ def encode_submit(job: Job) -> dict[str, bytes]:
         fields[F.CACHE] = _pack(job.cache)
     if job.cached:
         fields[F.CACHED] = _pack(True)
+    if job.metadata:
+        fields[F.METADATA] = _pack(job.metadata)
+    if job.result_ttl_s:
+        fields[F.RESULT_TTL] = _pack(job.result_ttl_s)
     return fields
 
 
@@ -189,19 +223,18 @@ def encode_final(
     finished_ms: int,
     outputs: np.ndarray | list[Any] | None = None,
     error: JobError | None = None,
-    batch_size: int = 0,
-    batch_tokens: int = 0,
+    batch: tuple[int, int] = (0, 0),
     worker: str = "",
     items_done: int | None = None,
 ) -> dict[str, bytes]:
-    """Fields written (once, guarded) when a job becomes final. `items_done`: given by the
-    worker that ran it; an outcome written elsewhere (cancel or expiry in the queue) keeps
-    what the record says."""
+    """Fields written (once, guarded) when a job becomes final. `batch`: (items, tokens) of
+    the largest batch it ran in. `items_done`: given by the worker that ran it; an outcome
+    written elsewhere (cancel or expiry in the queue) keeps what the record says."""
     fields: dict[str, bytes] = {
         F.STATUS: _pack(str(status)),
         F.FINISHED_MS: _pack(finished_ms),
-        F.BATCH_SIZE: _pack(batch_size),
-        F.BATCH_TOKENS: _pack(batch_tokens),
+        F.BATCH_SIZE: _pack(batch[0]),
+        F.BATCH_TOKENS: _pack(batch[1]),
     }
     if items_done is not None:
         fields[F.ITEMS_DONE] = _pack(items_done)
@@ -258,6 +291,8 @@ def decode_job(raw: dict[bytes, bytes]) -> Job:
             items=f.get(F.ITEMS, 0),
             items_done=f.get(F.ITEMS_DONE, 0),
             cancel_requested=bool(f.get(F.CANCEL, False)),
+            metadata=f.get(F.METADATA) or {},
+            result_ttl_s=f.get(F.RESULT_TTL, 0),
         )
     except CodecError:
         raise

@@ -17,6 +17,7 @@ read and written outside scripts and need no tag. On one Redis the tags change n
 | `tenant_items(model, shard, t)`  | string  | counter: the tenant's items accepted and not yet final (when capped) |
 | `tenant_bytes(model, shard, t)`  | string  | counter: the tenant's input bytes accepted and not yet final |
 | `tenant_webhooks(model, shard, t)` | string | counter: the tenant's webhook deliveries queued and not settled |
+| `tenant_jobs(model, shard, t)`   | zset    | the tenant's jobs on one shard: member = the record's key (`job`), score = created ms: `GET /v1/jobs`'s index. SUBMIT and CACHED add; they and the listing drop members whose record is gone |
 | `idempotency(t, h, model, shard)`| string  | job id for (tenant, key hash), `idempotency_ttl_s` |
 | `GROUP`                          | group   | consumer group on each stream               |
 | `job(job_id)`                    | hash    | `result_ttl_s` once final, else until final |
@@ -147,6 +148,13 @@ def tenant_webhooks(model: str, shard: int, shards: int, tenant: str) -> str:
     return f"{_q(model, shard, shards)}:tenant:{_tenant(tenant)}:webhooks"
 
 
+def tenant_jobs(model: str, shard: int, shards: int, tenant: str) -> str:
+    """`tenant`'s jobs on one shard of `model` (zset: member = the record's key, `job(id)`;
+    score = created ms). In the shard's slot, so the scripts that make a job add it in the
+    same step; members are keys so a script checks one with EXISTS, building nothing."""
+    return f"{_q(model, shard, shards)}:tenant:{_tenant(tenant)}:jobs"
+
+
 def model_info(model: str) -> str:
     """What `model` accepts and returns, as its workers declare it (`registry.ModelInfo`)."""
     return f"{PREFIX}:{model}:info"
@@ -168,6 +176,15 @@ def job(job_id: str) -> str:
         return f"{PREFIX}:job:{job_id}"
     where, _, rest = job_id.rpartition(".")
     return f"{PREFIX}:job:{{{where}}}.{rest}"
+
+
+def job_id_of(record_key: str) -> str:
+    """The job id whose record is `record_key` (the inverse of `job`)."""
+    rest = record_key.removeprefix(f"{PREFIX}:job:")
+    if rest.startswith("{") and "}." in rest:
+        where, _, random = rest[1:].partition("}.")
+        return f"{where}.{random}"
+    return rest
 
 
 def done_channel(job_id: str) -> str:

@@ -70,6 +70,18 @@ class ModelInfo:
     parameters: dict[str, str]  # name → what it does
     max_cost: int | None = None
     version: str = ""  # changes with the weights and code: part of every result-cache key
+    # The sizes a vector may be truncated to (`dimensions` on /v1/embeddings), ascending; a
+    # model declares them only if it was trained for it (Matryoshka). Empty: it was not.
+    matryoshka_dims: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        bad = [d for d in self.matryoshka_dims if isinstance(d, bool) or not isinstance(d, int)]
+        if bad or any(d <= 0 for d in self.matryoshka_dims):
+            raise ValueError(
+                f"matryoshka_dims={self.matryoshka_dims!r}: want positive integers (the "
+                "vector sizes the model was trained to be truncated to), or () for none"
+            )
+        object.__setattr__(self, "matryoshka_dims", tuple(sorted(set(self.matryoshka_dims))))
 
     def to_hash(self) -> dict[str, str]:
         return {
@@ -78,6 +90,7 @@ class ModelInfo:
             "output": self.output,
             "parameters": orjson.dumps(self.parameters).decode(),
             "max_cost": "" if self.max_cost is None else str(self.max_cost),
+            "matryoshka_dims": ",".join(str(d) for d in self.matryoshka_dims),
         }
 
     @classmethod
@@ -96,6 +109,10 @@ class ModelInfo:
             parameters=params if isinstance(params, dict) else {},
             max_cost=int(cost) if cost.isdigit() else None,
             version=f.get("version", ""),
+            # Absent from records written before it existed: such a model declared none.
+            matryoshka_dims=tuple(
+                int(d) for d in f.get("matryoshka_dims", "").split(",") if d.isdigit() and int(d)
+            ),
         )
 
 

@@ -112,6 +112,8 @@ class JobField(StrEnum):
     QUOTA = "quota"  # true: counted against its tenant's queue counters (SUBMIT), FINISH frees
     ITEMS_DONE = "items_done"  # inputs with an output: written per batch by START, and by FINISH
     CANCEL = "cancel"  # true: cancelled while running; its worker ends it at its next batch
+    METADATA = "metadata"  # the caller's own labels: a small map of strings, shown and filterable
+    RESULT_TTL = "result_ttl_s"  # how long the final record lives (FINISH, CACHED); absent: default
 
 
 class BatchStatus(StrEnum):

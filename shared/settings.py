@@ -65,7 +65,17 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Comma-separated models this deployment serves; empty means just INFERQ_MODEL.",
     )
-    result_ttl_s: int = Field(3600, gt=0, description="How long a finished job's record is kept.")
+    result_ttl_s: int = Field(
+        3600,
+        gt=0,
+        description="How long a finished job's record is kept, unless its request set "
+        "`result_ttl_s`.",
+    )
+    result_ttl_max_s: int = Field(
+        7 * 86_400,
+        gt=0,
+        description="The longest `result_ttl_s` a request may set (a longer one is refused, 422).",
+    )
     data_dir: Path = Field(
         Path(".inferq"), description="Where `inferq up` keeps its Redis data (AOF) and local state."
     )

@@ -1,6 +1,7 @@
 """Batch input lines → requests, and finished requests → output and error lines.
 
-Pure: no Redis, no HTTP, no clock. An input file is JSONL, one request per non-blank line:
+Pure: no Redis, no HTTP, no clock (but `Endpoint.bind`, which reads a model's declaration
+through the catalog it is given). An input file is JSONL, one request per non-blank line:
 
     {"custom_id": "a1", "method": "POST", "url": "/v1/embeddings", "body": {...}}
 
@@ -39,6 +40,7 @@ import orjson
 from pydantic import ValidationError
 
 from inferq.api.core import embeddings
+from inferq.api.core.catalog import ModelCatalog
 from inferq.api.core.embeddings import Answer
 from inferq.api.core.errors import job_failure, request_error, validation_message
 from inferq.api.core.inputs import json_values
@@ -182,6 +184,10 @@ class Endpoint(Protocol):
     def parse(self, body: bytes) -> Any:
         """The request, or the `Answer` the endpoint gives a body it refuses."""
 
+    async def bind(self, req: Any, catalog: ModelCatalog) -> Any:
+        """What the endpoint checks against its model's declaration before submitting (the
+        only step that may read Redis, through `catalog`): the request, or its `Answer`."""
+
     def submission(self, req: Any, tenant: str, **fields: Any) -> Submission: ...
 
     def refusal(self, e: RequestError) -> Answer: ...
@@ -194,6 +200,11 @@ class Embeddings:
 
     def parse(self, body: bytes) -> embeddings.EmbeddingsRequest | Answer:
         return embeddings.parse_request(body)
+
+    async def bind(
+        self, req: embeddings.EmbeddingsRequest, catalog: ModelCatalog
+    ) -> embeddings.EmbeddingsRequest | Answer:
+        return await embeddings.bind(req, catalog)
 
     def submission(
         self, req: embeddings.EmbeddingsRequest, tenant: str, **fields: Any
@@ -223,6 +234,9 @@ class Infer:
                 422, error_body("invalid_request", "'webhook' is not supported in a batch line")
             )
         return req
+
+    async def bind(self, req: InferRequest, catalog: ModelCatalog) -> InferRequest:
+        return req  # the submission checks everything /v1/infer checks
 
     def submission(self, req: InferRequest, tenant: str, **fields: Any) -> Submission:
         if req.timeout_s is not None:  # the line's own deadline, if it is the sooner one

@@ -261,6 +261,8 @@ class BatchRun:
             )
             return True
         req = self.endpoint.parse(env.body)
+        if not isinstance(req, Answer):
+            req = await self.endpoint.bind(req, self.jobs.catalog)
         if isinstance(req, Answer):  # what the endpoint answers to this body: a 4xx
             self.results.append(
                 (line.number, *result_line(self.id, line.number, env.custom_id, req, None))

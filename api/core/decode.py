@@ -30,7 +30,24 @@ MAX_TIMEOUT_S = 86_400
 #: bounded by INFERQ_MAX_BODY_BYTES (`middleware`) instead; both by INFERQ_MAX_JSON_VALUES.
 MAX_CONTROL_JSON_BYTES = 64 * 1024
 MAX_URL = 2048
-_SUBMIT = frozenset(("inputs", "input", "model", "priority", "timeout_s", "parameters", "webhook"))
+_SUBMIT = frozenset(
+    (
+        "inputs",
+        "input",
+        "model",
+        "priority",
+        "timeout_s",
+        "parameters",
+        "webhook",
+        "metadata",
+        "result_ttl_s",
+    )
+)
+#: A job's `metadata`: OpenAI's bounds for the same field (16 pairs, 64-character keys,
+#: 512-character values), so a label set made for one fits the other.
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
 _INFER = _SUBMIT | {"wait"}
 
 
@@ -53,6 +70,8 @@ class JobBody:
     parameters: dict[str, Any] = field(default_factory=dict)
     webhook: str | None = None
     webhook_events: tuple[str, ...] | None = None  # None: every final status
+    metadata: dict[str, str] = field(default_factory=dict)
+    result_ttl_s: int | None = None
     wait: float | None = None
 
 
@@ -173,6 +192,29 @@ def _webhook(value: Any) -> tuple[str, tuple[str, ...] | None] | None:
     return url, tuple(sorted(set(events)))
 
 
+def metadata(value: Any, loc: str = "metadata") -> dict[str, str]:
+    """A job's labels: at most 16 string pairs, keys up to 64 characters, values up to 512."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidBody(loc, "Input should be a valid dictionary")
+    if len(value) > MAX_METADATA_PAIRS:
+        raise InvalidBody(loc, f"Dictionary should have at most {MAX_METADATA_PAIRS} items")
+    for k, v in value.items():
+        if len(k) > MAX_METADATA_KEY:
+            raise InvalidBody(
+                f"{loc}.{k[:MAX_METADATA_KEY]}",
+                f"a key should have at most {MAX_METADATA_KEY} characters",
+            )
+        if not isinstance(v, str):
+            raise InvalidBody(f"{loc}.{k}", "Input should be a valid string")
+        if len(v) > MAX_METADATA_VALUE:
+            raise InvalidBody(
+                f"{loc}.{k}", f"String should have at most {MAX_METADATA_VALUE} characters"
+            )
+    return value
+
+
 def job_body(raw: bytes, *, infer: bool) -> JobBody:
     """A `/v1/jobs` (`infer=False`) or `/v1/infer` body, as `SubmitRequest` / `InferRequest`
     would take it; `InvalidBody` otherwise."""
@@ -193,6 +235,13 @@ def job_body(raw: bytes, *, infer: bool) -> JobBody:
     out.parameters = parameters
     if (webhook := _webhook(body.get("webhook"))) is not None:
         out.webhook, out.webhook_events = webhook
+    out.metadata = metadata(body.get("metadata"))
+    if (ttl := body.get("result_ttl_s")) is not None:
+        if isinstance(ttl, bool) or not isinstance(ttl, int):
+            raise InvalidBody("result_ttl_s", "Input should be a valid integer")
+        if ttl <= 0:
+            raise InvalidBody("result_ttl_s", "Input should be greater than 0")
+        out.result_ttl_s = ttl
     if infer and (wait := body.get("wait")) is not None:
         out.wait = number(wait, "wait", ge=0)
     return out

@@ -3,18 +3,21 @@
 (`inferq.api.batches.lines`) records it.
 
 Request: `input` (a string or a list of strings; token arrays are refused), `model` (a
-served model name; default INFERQ_MODEL), `encoding_format` ("float" or "base64":
-little-endian float32 bytes, as OpenAI sends them), optional `user` (ignored),
-`dimensions` (accepted only if equal to the model's width: nothing here can shorten a
-vector), and the inferq extension `wait` (seconds, default INFERQ_SYNC_WAIT_S). It goes
-through the same pipeline as /v1/infer (`JobService.run`): counted in the metrics, admitted,
-`Idempotency-Key` honoured, cancelled if the client leaves before a worker starts it.
+served model name; default INFERQ_MODEL), `encoding_format` ("float"; "base64": little-endian
+float32 bytes, as OpenAI sends them; "int8", "uint8", "binary", "ubinary": `core.vectors`),
+optional `user` (ignored), `dimensions` (one of the sizes a Matryoshka-trained model declares,
+`ModelInfo.matryoshka_dims`: the vector is truncated and renormalised; for any other model it
+must equal the width), and the inferq extension `wait` (seconds, default
+INFERQ_SYNC_WAIT_S). It goes through the same pipeline as /v1/infer (`JobService.run`):
+counted in the metrics, admitted, `Idempotency-Key` honoured, cancelled if the client leaves
+before a worker starts it.
 
 Errors use OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`:
 
 | status | type | code | when |
 |---|---|---|---|
 | 400 | invalid_request_error | invalid_request | the body does not validate |
+| 400 | invalid_request_error | invalid_request | `dimensions` the model cannot give (`param`) |
 | 404 | invalid_request_error | model_not_found | a model not served here |
 | 413 / 422 | invalid_request_error | input_rejected / invalid_input | too many / too long / empty inputs |
 | 413 | invalid_request_error | too_large | an input too large for the device even alone |
@@ -27,18 +30,22 @@ first job is still queued (an OpenAI client raises on it: give it a `wait` that 
 job still finishes; `GET /v1/jobs/{id}` (the `Location`) returns its vectors. Redis errors keep inferq's
 shape (503 + Retry-After, from the app's handlers), whose `error.message` clients read too.
 
-The endpoint is four functions, `parse_request` → `submission` → (`refusal`) → `answer`: a
-batch line goes through the same four, so its output is exactly what the route would send.
+The endpoint is five functions, `parse_request` → `bind` → `submission` → (`refusal`) →
+`answer`: a batch line goes through the same five, so its output is exactly what the route
+would send. `bind` reads the model's declaration (cached by the catalog) only when
+`dimensions` is set, and refuses a size the model does not declare before anything is queued;
+for a model that declares none the width is known only once it has run, so `answer` checks.
 """
 
 from __future__ import annotations
 
-import base64
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from inferq.api.core import vectors
+from inferq.api.core.catalog import ModelCatalog
 from inferq.api.core.decode import InvalidBody, json_object, number, optional_str
 from inferq.api.core.errors import job_failure, request_error
 from inferq.api.core.inputs import json_values
@@ -46,7 +53,9 @@ from inferq.api.core.service import Submission
 from inferq.shared.errors import Overloaded, RequestError
 from inferq.shared.jobs import Job, Status
 
-_FORMATS = ("float", "base64")
+_FORMATS = vectors.FORMATS
+# The same names as `vectors.FORMATS`, spelled out for the schema (a unit test pins both).
+Format = Literal["float", "base64", "int8", "uint8", "binary", "ubinary"]
 
 
 class EmbeddingsRequest(BaseModel):
@@ -57,23 +66,49 @@ class EmbeddingsRequest(BaseModel):
         description="Text or texts to embed; token arrays are not supported."
     )
     model: str | None = Field(None, description="Served model name; default INFERQ_MODEL.")
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, gt=0, description="Must equal the model's width.")
+    encoding_format: Format = Field(
+        "float",
+        description="float; base64 (little-endian float32); int8 / uint8 (per-vector scale: "
+        "round(127·x/max|x|), uint8 = int8 + 128); binary / ubinary (sign bits packed 8 per "
+        "value, first dimension in the high bit; binary = ubinary − 128). See docs/api.md.",
+    )
+    dimensions: int | None = Field(
+        None,
+        gt=0,
+        description="One of the sizes a Matryoshka-trained model declares (truncated, then "
+        "renormalised); for any other model it must equal the width.",
+    )
     user: str | None = None
     wait: float | None = Field(
         None,
         ge=0,
         description="inferq: seconds to wait before answering 202 (default INFERQ_SYNC_WAIT_S).",
     )
+    # The model's declared Matryoshka sizes, set by `bind` (never read from the body): () until
+    # bound, and for a model that declares none.
+    _matryoshka_dims: tuple[int, ...] = PrivateAttr(())
 
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else self.input
+
+    @property
+    def matryoshka_dims(self) -> tuple[int, ...]:
+        return self._matryoshka_dims
+
+    def bound_to(self, matryoshka_dims: tuple[int, ...]) -> EmbeddingsRequest:
+        """This request knowing its model's Matryoshka sizes (see `bind`)."""
+        self._matryoshka_dims = matryoshka_dims
+        return self
+
+
+_FORMAT_MESSAGE = "Input should be " + ", ".join(repr(f) for f in _FORMATS[:-1])
+_FORMAT_MESSAGE += f" or {_FORMATS[-1]!r}"
 
 
 class Embedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
-    embedding: list[float] | str
+    embedding: list[float] | list[int] | str
 
 
 class Usage(BaseModel):
@@ -119,12 +154,6 @@ def approx_tokens(text: str) -> int:
     return max(1, len(text.split()))
 
 
-def _encode(row: np.ndarray, fmt: str) -> np.ndarray | str:
-    if fmt == "base64":
-        return base64.b64encode(np.ascontiguousarray(row, dtype="<f4").tobytes()).decode("ascii")
-    return row  # orjson writes numpy rows natively
-
-
 def embeddings_body(raw: bytes) -> EmbeddingsRequest:
     """A `/v1/embeddings` body as `EmbeddingsRequest` would take it (extra fields ignored),
     built without validation once these checks pass; `InvalidBody` otherwise."""
@@ -138,7 +167,7 @@ def embeddings_body(raw: bytes) -> EmbeddingsRequest:
         raise InvalidBody("input", "Input should be a string or a list of strings")
     fmt = body.get("encoding_format", "float")
     if fmt not in _FORMATS or not isinstance(fmt, str):
-        raise InvalidBody("encoding_format", "Input should be 'float' or 'base64'")
+        raise InvalidBody("encoding_format", _FORMAT_MESSAGE)
     dimensions = body.get("dimensions")
     if dimensions is not None and (
         isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions <= 0
@@ -175,6 +204,33 @@ def parse_request(raw: bytes, max_values: int | None = None) -> EmbeddingsReques
     return req
 
 
+def _dimensions_refused(req: EmbeddingsRequest, why: str) -> Answer:
+    message = f"dimensions={req.dimensions} is not supported: {why}"
+    return openai_error_answer(
+        400, message, "invalid_request_error", "invalid_request", param="dimensions"
+    )
+
+
+async def bind(req: EmbeddingsRequest, catalog: ModelCatalog) -> EmbeddingsRequest | Answer:
+    """The request knowing its model's Matryoshka sizes, or the 400 for a `dimensions` that
+    model does not declare; before anything is queued. Reads nothing without `dimensions`.
+
+    A model not served here is left to `submission`'s refusal (the same 404 either way); one
+    that no worker has declared yet binds no sizes, so `answer` takes only its full width."""
+    if req.dimensions is None:
+        return req
+    try:
+        name = catalog.resolve(req.model)
+    except RequestError:
+        return req
+    info = await catalog.info(name)
+    sizes = info.matryoshka_dims if info is not None else ()
+    if sizes and req.dimensions not in sizes:
+        shown = ", ".join(str(d) for d in sizes)
+        return _dimensions_refused(req, f"{name} takes one of {shown}")
+    return req.bound_to(sizes)
+
+
 def submission(req: EmbeddingsRequest, tenant: str, **fields: Any) -> Submission:
     """The job a request asks for (`fields`: priority, idempotency_key, timeout_s...)."""
     return Submission(items=list(req.texts()), model=req.model, tenant=tenant, **fields)
@@ -201,19 +257,18 @@ def answer(req: EmbeddingsRequest, job: Job) -> Answer:
     """What the endpoint answers for a final job: the vectors (200) or OpenAI's error shape."""
     if job.status != Status.SUCCEEDED or not isinstance(job.outputs, np.ndarray):
         return _failed(job)
-    outputs = job.outputs
-    if req.dimensions is not None and req.dimensions != outputs.shape[1]:
-        return openai_error_answer(
-            400,
-            f"dimensions={req.dimensions} is not supported: {job.model} returns {outputs.shape[1]}",
-            "invalid_request_error",
-            "invalid_request",
-            param="dimensions",
-        )
+    outputs, width = job.outputs, job.outputs.shape[1]
+    if req.dimensions is not None and req.dimensions != width:
+        if req.dimensions > width:
+            return _dimensions_refused(req, f"{job.model} returns {width}")
+        if req.dimensions not in req.matryoshka_dims:
+            why = f"{job.model} returns {width} and declares no Matryoshka sizes to cut it to"
+            return _dimensions_refused(req, why)
+        outputs = vectors.truncate(outputs, req.dimensions)
     tokens = sum(approx_tokens(t) for t in req.texts())
     data = [
-        {"object": "embedding", "index": i, "embedding": _encode(row, req.encoding_format)}
-        for i, row in enumerate(outputs)
+        {"object": "embedding", "index": i, "embedding": row}
+        for i, row in enumerate(vectors.encode(outputs, req.encoding_format))
     ]
     body = {
         "object": "list",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from inferq.api.core.inputs import InputItem
 from inferq.shared.schema import Lane
@@ -58,6 +58,24 @@ class SubmitRequest(BaseModel):
     )
     webhook: Webhook | None = Field(
         None, description="Deliver the final job here (at least once, retried with backoff)."
+    )
+    metadata: (
+        dict[
+            Annotated[str, StringConstraints(max_length=64)],
+            Annotated[str, StringConstraints(max_length=512)],
+        ]
+        | None
+    ) = Field(
+        None,
+        max_length=16,
+        description="Your own labels (at most 16 string pairs): shown wherever the job is, "
+        "and a filter of GET /v1/jobs.",
+    )
+    result_ttl_s: int | None = Field(
+        None,
+        gt=0,
+        description="How long the finished job is kept, in seconds; default INFERQ_RESULT_TTL_S, "
+        "at most INFERQ_RESULT_TTL_MAX_S (longer → 422).",
     )
 
     @model_validator(mode="after")
@@ -122,9 +140,24 @@ class JobView(BaseModel):
         description="Cancelled while running: its worker ends it `cancelled`, with the outputs "
         "it has, at its next batch boundary.",
     )
+    metadata: dict[str, str] | None = Field(None, description="The labels it was given.")
+    created_at: int = Field(description="When it was accepted: Unix seconds.")
     position: int | None = Field(None, description="Jobs ahead of this one (while queued).")
     eta_ms: int | None = Field(None, description="Estimated time to result (while queued).")
 
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
+
+
+class JobList(BaseModel):
+    """A page of GET /v1/jobs, newest first (OpenAI's list shape)."""
+
+    object: Literal["list"] = "list"
+    data: list[JobView]
+    first_id: str | None
+    last_id: str | None = Field(
+        description="Pass as `after` for the next page. A filtered page that stopped at its "
+        "examination bound names the last job it examined, which may not be in `data`."
+    )
+    has_more: bool

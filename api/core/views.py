@@ -12,9 +12,9 @@ def error_body(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
 
 
-def job_view(job: Job) -> dict[str, Any]:
+def job_view(job: Job, *, outputs: bool = True) -> dict[str, Any]:
     view: dict[str, Any] = {"id": job.id, "model": job.model, "status": str(job.status)}
-    if job.outputs is not None:
+    if outputs and job.outputs is not None:
         view["outputs"] = job.outputs
     if job.error is not None:
         view["error"] = {"code": job.error.code, "message": job.error.message}
@@ -26,6 +26,9 @@ def job_view(job: Job) -> dict[str, Any]:
     view["items_done"] = job.items if job.status is Status.SUCCEEDED else job.items_done
     if job.cancel_requested and not job.status.is_final:
         view["cancel_requested"] = True
+    if job.metadata:
+        view["metadata"] = job.metadata
+    view["created_at"] = job.created_ms // 1000
     return view
 
 

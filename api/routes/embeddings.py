@@ -11,6 +11,7 @@ from inferq.api.core.embeddings import (
     Answer,
     EmbeddingsResponse,
     answer,
+    bind,
     parse_request,
     refusal,
     submission,
@@ -64,6 +65,8 @@ async def embeddings_json(
 ) -> FastJSON:
     """The endpoint once its body is read (the hot path calls this too)."""
     req = parse_request(raw, settings.max_json_values)
+    if not isinstance(req, Answer):
+        req = await bind(req, jobs.catalog)
     if isinstance(req, Answer):
         return _send(req)
     try:

@@ -5,8 +5,9 @@
 objects: a quiet request spent about as much CPU in those layers as in its own work. What
 they do is the very functions the FastAPI routes call (`jobs.submit_job_json`,
 `jobs.run_job`, `jobs.read_job`, `embeddings.embeddings_json`), so auth, admission,
-idempotency, cancel-on-disconnect, every status and every error body are the same; the
-FastAPI routes stay registered, documented in the OpenAPI schema, and serve everything else
+idempotency, cancel-on-disconnect, every status and every error body, and the msgpack
+answers of `/v1/infer` and `GET /v1/jobs/{id}` (`Accept`: `responses.wants_msgpack`) are the
+same; the FastAPI routes stay registered, documented in the OpenAPI schema, and serve everything else
 (multipart uploads, DELETE, anything this does not recognise).
 
 It sits inside the body limit (`middleware.UploadLimit`), which refuses an oversized body
@@ -19,15 +20,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qsl
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferq.api.core.auth import tenant_of
 from inferq.api.core.decode import InvalidBody, number
-from inferq.api.core.service import JobService
 from inferq.api.handlers import error_response
-from inferq.api.responses import FastJSON
+from inferq.api.parts import parts_of
+from inferq.api.responses import FastJSON, wants_msgpack
 from inferq.api.routes import embeddings, jobs
-from inferq.shared.settings import Settings
 
 log = logging.getLogger("inferq.api")
 
@@ -125,19 +126,21 @@ class FastPath:
 
     async def _answer(
         self, scope: Scope, receive: Receive, headers: dict[bytes, bytes]
-    ) -> FastJSON:
-        state = scope["app"].state
-        service: JobService = state.jobs
-        settings: Settings = state.settings
-        tenant = tenant_of(state.api_keys, headers.get(b"authorization", b"").decode("latin-1"))
+    ) -> Response:
+        parts = parts_of(scope["app"].state)
+        service, settings = parts.jobs, parts.settings
+        tenant = tenant_of(parts.api_keys, headers.get(b"authorization", b"").decode("latin-1"))
         path = scope["path"]
+        # A record in msgpack if asked for: a dict lookup and a substring test when it is not.
+        packed = wants_msgpack(headers.get(b"accept"))
         if scope["method"] == "GET":
-            return await jobs.read_job(service, path[len(JOB_PREFIX) :], tenant, _wait(scope))
+            job_id = path[len(JOB_PREFIX) :]
+            return await jobs.read_job(service, job_id, tenant, _wait(scope), packed=packed)
         key = _idempotency_key(headers)
         raw = await _body(receive)
         if path == "/v1/jobs":
             return await jobs.submit_job_json(service, settings, tenant, key, raw)
         if path == "/v1/infer":
             sub, wait = jobs.json_submission(raw, settings, tenant, key, infer=True)
-            return await jobs.run_job(service, settings, sub, wait, _gone(receive))
+            return await jobs.run_job(service, settings, sub, wait, _gone(receive), packed=packed)
         return await embeddings.embeddings_json(service, settings, tenant, key, raw, _gone(receive))

@@ -2,34 +2,47 @@
 
 Both submit routes take JSON (`SubmitRequest`: text, base64 images, tensors) or
 `multipart/form-data` with image parts named `files` (what a FastAPI `List[UploadFile]`
-client sends) plus optional form fields `model`, `priority`, `timeout_s`, `parameters` (a
-JSON object) and, for /v1/infer, `wait`.
+client sends) plus optional form fields `model`, `priority`, `timeout_s`, `parameters` and
+`metadata` (JSON objects), `result_ttl_s` and, for /v1/infer, `wait`. `GET /v1/jobs` lists
+the caller's jobs (`core.listing`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, Json, ValidationError
+from starlette.responses import Response
 
-from inferq.api.core.decode import job_body
+from inferq.api.core.decode import MAX_METADATA_PAIRS, InvalidBody, job_body, metadata
 from inferq.api.core.errors import job_failure
 from inferq.api.core.inputs import check_json_budget
+from inferq.api.core.listing import MAX_LIMIT, JobFilter
 from inferq.api.core.schemas import (
     ErrorResponse,
     InferRequest,
     JobAccepted,
+    JobList,
     JobView,
     SubmitRequest,
 )
 from inferq.api.core.service import JobService, Submission
 from inferq.api.core.views import accepted_view, job_view
-from inferq.api.responses import FastJSON
-from inferq.api.routes.deps import Config, IdempotencyKey, Jobs, Tenant, disconnected
-from inferq.shared.errors import InputInvalid
+from inferq.api.responses import MSGPACK, FastJSON, record_response, wants_msgpack
+from inferq.api.routes.deps import (
+    Config,
+    IdempotencyKey,
+    Jobs,
+    Parts,
+    Tenant,
+    Viewer,
+    authenticate,
+    disconnected,
+)
+from inferq.shared.errors import Forbidden, InputInvalid
 from inferq.shared.jobs import Job, Status
 from inferq.shared.schema import LANES, Lane
 from inferq.shared.settings import Settings
@@ -38,6 +51,11 @@ router = APIRouter(prefix="/v1", tags=["jobs"])
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     c: {"model": ErrorResponse} for c in (401, 404, 409, 413, 422, 429, 503)
+}
+# The record in msgpack besides JSON (docs/api.md, "Compact answers"); errors stay JSON.
+_ACCEPT = "`application/msgpack`: the record in msgpack, arrays as packed bytes; else JSON."
+_PACKED: dict[int | str, dict[str, Any]] = {
+    200: {"content": {MSGPACK: {"schema": {"type": "string", "format": "binary"}}}}
 }
 
 
@@ -49,6 +67,8 @@ class FormFields(BaseModel):
     priority: Lane = Lane.NORMAL
     timeout_s: float | None = Field(None, gt=0, le=86_400)
     parameters: Json[dict[str, Any]] | None = None
+    metadata: Json[dict[str, str]] | None = None
+    result_ttl_s: int | None = Field(None, gt=0)
     wait: float | None = Field(None, ge=0)
 
 
@@ -62,6 +82,8 @@ def _body_schema(model: type[BaseModel], wait: bool) -> dict[str, Any]:
             "priority": {"type": "string", "enum": list(LANES)},
             "timeout_s": {"type": "number", "exclusiveMinimum": 0},
             "parameters": {"type": "string", "description": "A JSON object."},
+            "metadata": {"type": "string", "description": "A JSON object of strings."},
+            "result_ttl_s": {"type": "integer", "exclusiveMinimum": 0},
         },
     }
     if wait:
@@ -106,6 +128,8 @@ async def read_submission(
             timeout_s=meta.timeout_s,
             idempotency_key=key,
             parameters=meta.parameters or {},
+            metadata=metadata(meta.metadata),
+            result_ttl_s=meta.result_ttl_s,
         )
         return sub, meta.wait
     return json_submission(await request.body(), settings, tenant, key, infer=infer)
@@ -128,6 +152,8 @@ def json_submission(
         parameters=req.parameters,
         webhook=req.webhook,
         webhook_events=req.webhook_events,
+        metadata=req.metadata,
+        result_ttl_s=req.result_ttl_s,
     )
     return sub, req.wait
 
@@ -165,7 +191,79 @@ async def submit_job(
     return _accepted(await jobs.submit(sub))
 
 
-@router.get("/jobs/{job_id}", response_model=JobView, responses=_ERRORS)
+class ListQuery(BaseModel):
+    """The query of `GET /v1/jobs` (besides `metadata[<key>]=<value>`, read as it comes)."""
+
+    limit: int = Field(20, ge=1, le=MAX_LIMIT, description="Jobs per page.")
+    after: str | None = Field(
+        None, max_length=256, description="The `last_id` of the previous page: go on after it."
+    )
+    status: Status | None = Field(None, description="Only jobs in this status.")
+    model: str | None = Field(None, max_length=256, description="Only this model's jobs.")
+    created_after: int | None = Field(
+        None, ge=0, description="Only jobs created at or after this time (Unix seconds)."
+    )
+    created_before: int | None = Field(
+        None, ge=0, description="Only jobs created before this time (Unix seconds)."
+    )
+    include_outputs: bool = Field(False, description="Show each job's outputs too.")
+    tenant: str | None = Field(
+        None,
+        max_length=256,
+        description="Admin keys only: one tenant's jobs (an admin sees every tenant's without it).",
+    )
+
+
+@router.get("/jobs", response_model=JobList, responses=_ERRORS)
+async def list_jobs(
+    request: Request, parts: Parts, admin: Viewer, q: Annotated[ListQuery, Query()]
+) -> FastJSON:
+    """Your jobs, newest first, a page at a time (`after` = the previous page's `last_id`).
+    Filter by status, model, creation time, and `metadata[<key>]=<value>` (repeatable: all
+    must match). Records show as in `GET /v1/jobs/{id}`, without outputs unless asked."""
+    if admin:
+        tenants = [q.tenant] if q.tenant is not None else parts.tenants()
+    elif q.tenant is not None:
+        raise Forbidden("`tenant` is for admin keys: a tenant's key lists its own jobs")
+    else:
+        tenants = [await authenticate(request)]
+    filt = JobFilter(
+        status=q.status,
+        model=None if q.model is None else parts.catalog.resolve(q.model),
+        created_after_ms=None if q.created_after is None else q.created_after * 1000,
+        created_before_ms=None if q.created_before is None else q.created_before * 1000,
+        metadata=_metadata_filter(request.query_params.multi_items()),
+    )
+    page = await parts.listing.page(
+        tenants, filt, limit=q.limit, after=q.after, outputs=q.include_outputs
+    )
+    data = [job_view(j, outputs=q.include_outputs) for j in page.jobs]
+    return FastJSON(
+        {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": page.last_id,
+            "has_more": page.has_more,
+        }
+    )
+
+
+def _metadata_filter(query: list[tuple[str, str]]) -> dict[str, str]:
+    """`metadata[<key>]=<value>` query parameters (Stripe's spelling) as one map."""
+    wanted: dict[str, str] = {}
+    for name, value in query:
+        if not name.startswith("metadata"):
+            continue
+        if not (name.startswith("metadata[") and name.endswith("]")) or len(name) == 10:
+            raise InvalidBody(f"query.{name[:80]}", "filter by metadata as metadata[<key>]=<value>")
+        wanted[name[9:-1]] = value
+    if len(wanted) > MAX_METADATA_PAIRS:
+        raise InvalidBody("query.metadata", f"at most {MAX_METADATA_PAIRS} metadata filters")
+    return wanted
+
+
+@router.get("/jobs/{job_id}", response_model=JobView, responses=_ERRORS | _PACKED)
 async def get_job(
     job_id: str,
     jobs: Jobs,
@@ -175,17 +273,21 @@ async def get_job(
         ge=0,
         description="Long-poll: seconds to wait for a final state (capped at INFERQ_MAX_LONG_POLL_S).",
     ),
-) -> FastJSON:
+    accept: Annotated[str | None, Header(description=_ACCEPT)] = None,
+) -> Response:
     """A job's state; with `wait`, answers as soon as it is final or when the wait is over."""
-    return await read_job(jobs, job_id, tenant, wait)
+    return await read_job(jobs, job_id, tenant, wait, packed=wants_msgpack(accept))
 
 
-async def read_job(jobs: JobService, job_id: str, tenant: str, wait: float) -> FastJSON:
+async def read_job(
+    jobs: JobService, job_id: str, tenant: str, wait: float, *, packed: bool = False
+) -> Response:
+    """GET /v1/jobs/{id} (the hot path too); `packed`: msgpack asked for (`wants_msgpack`)."""
     if wait:
         job = await jobs.wait(job_id, jobs.clamp_wait(wait, 0), tenant)
     else:
         job = await jobs.get(job_id, tenant)
-    return FastJSON(await view(jobs, job))
+    return record_response(await view(jobs, job), packed=packed)
 
 
 @router.delete("/jobs/{job_id}", response_model=JobView, responses=_ERRORS)
@@ -200,7 +302,9 @@ async def cancel_job(job_id: str, jobs: Jobs, tenant: Tenant) -> FastJSON:
 @router.post(
     "/infer",
     response_model=JobView,
-    responses=_ERRORS | {202: {"model": JobAccepted, "description": "Not final within `wait`"}},
+    responses=_ERRORS
+    | _PACKED
+    | {202: {"model": JobAccepted, "description": "Not final within `wait`"}},
     openapi_extra=_body_schema(InferRequest, wait=True),
 )
 async def infer(
@@ -209,7 +313,7 @@ async def infer(
     settings: Config,
     tenant: Tenant,
     idempotency_key: IdempotencyKey = None,
-) -> FastJSON:
+) -> Response:
     """Submit and wait: 200 with the final job, 202 + Location if it takes longer than `wait`.
 
     A job that failed answers with its view and the status of its `error.code` (e.g. 413
@@ -217,7 +321,8 @@ async def infer(
     job if no worker has started it.
     """
     sub, wait = await read_submission(request, settings, tenant, idempotency_key, infer=True)
-    return await run_job(jobs, settings, sub, wait, lambda: disconnected(request))
+    packed = wants_msgpack(request.headers.get("accept"))
+    return await run_job(jobs, settings, sub, wait, lambda: disconnected(request), packed=packed)
 
 
 async def submit_job_json(
@@ -234,12 +339,16 @@ async def run_job(
     sub: Submission,
     wait: float | None,
     gone: Callable[[], Awaitable[None]],
-) -> FastJSON:
-    """POST /v1/infer once its body is read: submit, wait, answer (the hot path too)."""
+    *,
+    packed: bool = False,
+) -> Response:
+    """POST /v1/infer once its body is read: submit, wait, answer (the hot path too).
+    `packed`: msgpack asked for (`wants_msgpack`), for the 200 and 202 answers."""
     job = await jobs.run(sub, jobs.clamp_wait(wait, settings.sync_wait_s), gone)
     if job is None:
         return FastJSON({"status": "cancelled"}, status_code=499)
     if not job.status.is_final:
-        return _accepted(job)
+        location = {"Location": f"/v1/jobs/{job.id}"}
+        return record_response(accepted_view(job), 202, location, packed=packed)
     status = 200 if job.status is Status.SUCCEEDED else job_failure(job.error and job.error.code)[0]
-    return FastJSON(job_view(job), status_code=status)
+    return record_response(job_view(job), status, packed=packed)

@@ -43,10 +43,24 @@ local function bound_to(id, fingerprint)
 end
 """
 
-# KEYS: job, stream, item counter, byte counter, tenant item counter, tenant byte counter
-# [, idempotency]. ARGV: id, items, max_queue, idem_ttl_s, bytes, max_bytes, tenant max items,
-# tenant max bytes (0, 0: the tenant's counters are not kept), fingerprint ('' for none),
-# fields...
+# The tenant's job index (`keys.tenant_jobs`, what GET /v1/jobs pages through): a new job's
+# record key is added by creation time, and the two oldest are checked and dropped if their
+# record has expired. Each call adds one and may drop two, so the index follows the records'
+# lifetime without a sweeper; the listing drops the ones it meets too. Members are record
+# keys, not ids, so the check is an EXISTS with nothing built in Lua.
+_INDEX = """
+local function index_add(index, key, created)
+  redis.call('ZADD', index, created, key)
+  for _, old in ipairs(redis.call('ZRANGE', index, 0, 1)) do
+    if redis.call('EXISTS', old) == 0 then redis.call('ZREM', index, old) end
+  end
+end
+"""
+
+# KEYS: job, stream, item counter, byte counter, tenant item counter, tenant byte counter,
+# tenant job index [, idempotency]. ARGV: id, items, max_queue, idem_ttl_s, bytes, max_bytes,
+# tenant max items, tenant max bytes (0, 0: the tenant's counters are not kept), fingerprint
+# ('' for none), created ms, fields...
 # Returns {status, value}: ok → entry id; dup → existing job id; conflict → the job id a
 # different request made under the key; full → items queued; full_bytes → bytes queued;
 # tenant_full → the tenant's items; tenant_bytes → its bytes.
@@ -54,9 +68,10 @@ end
 # exactly what SUBMIT added, whatever the settings are by then.
 SUBMIT = (
     _IDEMPOTENT
+    + _INDEX
     + """
-if #KEYS == 7 then
-  local prior = prior_job(KEYS[7], ARGV[9])
+if #KEYS == 8 then
+  local prior = prior_job(KEYS[8], ARGV[9])
   if prior then return prior end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', ARGV[1]} end
@@ -76,15 +91,16 @@ if quota then
 end
 local eid = redis.call('XADD', KEYS[2], '*', ENTRY_JOB, ARGV[1])
 if quota then
-  redis.call('HSET', KEYS[1], F.entry, cmsgpack.pack(eid), F.quota, cmsgpack.pack(true), unpack(ARGV, 10))
+  redis.call('HSET', KEYS[1], F.entry, cmsgpack.pack(eid), F.quota, cmsgpack.pack(true), unpack(ARGV, 11))
   redis.call('INCRBY', KEYS[5], ARGV[2])
   redis.call('INCRBY', KEYS[6], ARGV[5])
 else
-  redis.call('HSET', KEYS[1], F.entry, cmsgpack.pack(eid), unpack(ARGV, 10))
+  redis.call('HSET', KEYS[1], F.entry, cmsgpack.pack(eid), unpack(ARGV, 11))
 end
 redis.call('INCRBY', KEYS[3], ARGV[2])
 redis.call('INCRBY', KEYS[4], ARGV[5])
-if #KEYS == 7 then redis.call('SET', KEYS[7], bound_to(ARGV[1], ARGV[9]), 'EX', ARGV[4]) end
+index_add(KEYS[7], KEYS[1], ARGV[10])
+if #KEYS == 8 then redis.call('SET', KEYS[8], bound_to(ARGV[1], ARGV[9]), 'EX', ARGV[4]) end
 return {'ok', eid}
 """
 )
@@ -179,7 +195,7 @@ end
 # the writes inside it). KEYS: item counter, byte counter, dead-letter stream, webhook stream,
 # cache index, cache sizes, cache bytes, then `ns` job streams, then per job: the job, its
 # tenant's item counter, byte counter and webhook counter.
-# ARGV: ttl_s, only_if_queued (0|1), now_ms, group, keep_inputs (0|1), ns, then per stream:
+# ARGV: ttl_s (the default: a job's own `result_ttl_s` wins), only_if_queued (0|1), now_ms, group, keep_inputs (0|1), ns, then per stream:
 # m, m entry ids to XACK + XDEL; then per job: channel, dead (0|1), 2n, n field/value pairs.
 # Returns per job: 1 written, 0 already final, 2 not queued (only_if_queued), -1 no such job.
 # A job written final that asked for a webhook gets its delivery entry in the same step,
@@ -241,7 +257,7 @@ for i = 8 + ns, #KEYS, 4 do
   local key, channel, dead, n = KEYS[i], ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
   local first, last = a + 3, a + 2 + n
   a = last + 1
-  local h = redis.call('HMGET', key, F.status, F.items, F.bytes, F.quota, F.id, F.cache, F.webhook)
+  local h = redis.call('HMGET', key, F.status, F.items, F.bytes, F.quota, F.id, F.cache, F.webhook, F.result_ttl)
   local status = h[1] and cmsgpack.unpack(h[1])
   if not h[1] then
     out[#out + 1] = -1
@@ -251,7 +267,7 @@ for i = 8 + ns, #KEYS, 4 do
     out[#out + 1] = 2
   else
     redis.call('HSET', key, unpack(ARGV, first, last))
-    redis.call('EXPIRE', key, ARGV[1])
+    redis.call('EXPIRE', key, h[8] and cmsgpack.unpack(h[8]) or ARGV[1])
     release(KEYS[1], h[2])
     release(KEYS[2], h[3])
     if h[4] then
@@ -294,20 +310,23 @@ return out
 """
 )
 
-# KEYS: job, webhook stream, the tenant's webhook counter[, idempotency].
-# ARGV: id, ttl_s, idem_ttl_s, fingerprint, fields... (inputs already left out unless kept)
+# KEYS: job, webhook stream, the tenant's webhook counter, the tenant's job index
+# [, idempotency]. ARGV: id, ttl_s, idem_ttl_s, fingerprint, created ms, fields... (inputs
+# already left out unless kept)
 # Returns {status, value}: ok → ''; dup / conflict → the existing job id (as SUBMIT).
 CACHED = (
     _IDEMPOTENT
     + _WANTS
+    + _INDEX
     + """
-if #KEYS == 4 then
-  local prior = prior_job(KEYS[4], ARGV[4])
+if #KEYS == 5 then
+  local prior = prior_job(KEYS[5], ARGV[4])
   if prior then return prior end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', ARGV[1]} end
-redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+redis.call('HSET', KEYS[1], unpack(ARGV, 6))
 redis.call('EXPIRE', KEYS[1], ARGV[2])
+index_add(KEYS[4], KEYS[1], ARGV[5])
 local webhook = redis.call('HGET', KEYS[1], F.webhook)
 if webhook and wants(cmsgpack.unpack(webhook), S.succeeded) then
   local flat, rec = redis.call('HGETALL', KEYS[1]), {}
@@ -320,7 +339,7 @@ if webhook and wants(cmsgpack.unpack(webhook), S.succeeded) then
   redis.call('XADD', KEYS[2], '*', D.job, ARGV[1], D.record, cmsgpack.pack(rec))
   redis.call('INCR', KEYS[3])
 end
-if #KEYS == 4 then redis.call('SET', KEYS[4], bound_to(ARGV[1], ARGV[4]), 'EX', ARGV[3]) end
+if #KEYS == 5 then redis.call('SET', KEYS[5], bound_to(ARGV[1], ARGV[4]), 'EX', ARGV[3]) end
 return {'ok', ''}
 """
 )

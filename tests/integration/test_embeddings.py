@@ -66,7 +66,7 @@ def test_errors_are_openai_shaped(stack: Stack) -> None:
         ({"model": "echo"}, 400),  # no input
         ({"input": [], "model": "echo"}, 400),
         ({"input": [[1, 2, 3]], "model": "echo"}, 400),  # token arrays
-        ({"input": "hi", "encoding_format": "int8"}, 400),
+        ({"input": "hi", "encoding_format": "fp16"}, 400),  # not offered (int8 is)
         ({"input": "   "}, 422),
         ({"input": "hi", "dimensions": 3}, 400),
     ]

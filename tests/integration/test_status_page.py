@@ -47,7 +47,13 @@ def load(stack: Stack) -> Iterator[str]:
                 c.post("/v1/infer", json={"inputs": texts, "wait": 5})
                 n += 1
 
+    def long_jobs() -> None:  # 25 batches each: running for a second, progress moving
+        with httpx.Client(base_url=base, timeout=10) as c:
+            while not stop.is_set():
+                c.post("/v1/infer", json={"inputs": [f"part {i}" for i in range(200)], "wait": 10})
+
     threads = [threading.Thread(target=submit, daemon=True) for _ in range(4)]
+    threads.append(threading.Thread(target=long_jobs, daemon=True))
     for t in threads:
         t.start()
     yield base
@@ -79,6 +85,12 @@ def test_status_page_draws_live_charts(chromium: str, load: str, tmp_path: Path)
         assert got is not None
         assert browser.evaluate("document.getElementById('overall').dataset.status") == "ok"
         assert "status-w1" in browser.evaluate("document.getElementById('workers').textContent")
+
+        def progress() -> str | None:  # a running job's row: "<done> / 200 (<pct> %)"
+            text = browser.evaluate("document.getElementById('running').textContent")
+            return text if isinstance(text, str) and " / 200 (" in text else None
+
+        assert wait_for(progress, 30, "a running job's progress on the page", 0.25)
         shot = browser.screenshot(ARTIFACTS / "status.png")
         assert shot.stat().st_size > 10_000
     except BaseException:

@@ -9,6 +9,11 @@ A model declares what it takes and gives:
 - `max_cost`: the largest cost one item can have (inputs past it are truncated), or None;
 - `default_batch_cost`: the batch bound in its cost units when neither a calibration nor
   `INFERQ_MAX_BATCH_TOKENS` sets one (None: that setting's default).
+- optionally `matryoshka_dims`: the sizes its vectors may be truncated to, for a model
+  trained with a Matryoshka loss at those sizes (e.g. nomic-embed-text-v1.5: 64 ... 768).
+  `/v1/embeddings` then takes `dimensions` among them and renormalises the truncated vector;
+  without it (the default, `()`), `dimensions` must equal the full width. Declare it only for
+  such training: truncating any other model's vectors loses much more than it seems to.
 
 It is loaded once per worker (`load(device)`), turns one job's typed inputs and parameters
 into items that each carry a **cost** (`prepare`): the unit device memory grows with, e.g.
@@ -197,6 +202,7 @@ class TextModel:
     parameters: Mapping[str, str] = {}
     max_cost: int | None = None
     default_batch_cost: int | None = None
+    matryoshka_dims: tuple[int, ...] = ()  # not Matryoshka-trained unless a model says so
 
     @staticmethod
     def texts(inputs: list[Input]) -> list[str]:

@@ -120,7 +120,10 @@ class Tokenized(TextModel):
 
 
 class MiniLM(Tokenized):
-    """The `Model` protocol over a local sentence-transformers style BERT model."""
+    """The `Model` protocol over a local sentence-transformers style BERT model.
+
+    It declares no `matryoshka_dims`: all-MiniLM-L6-v2 was not trained with a Matryoshka
+    loss, so its truncated vectors are not the model's; `dimensions` must stay 384."""
 
     def __init__(
         self, path: str | None = None, dtype: str = "float32", torchscript: bool = True

@@ -16,6 +16,7 @@ from inferq.api.core.decode import InvalidBody, job_body
 from inferq.api.core.embeddings import EmbeddingsRequest, embeddings_body
 from inferq.api.core.inputs import ImageItem, TensorItem
 from inferq.api.core.schemas import InferRequest, SubmitRequest
+from inferq.api.core.vectors import FORMATS
 
 scalars = st.one_of(
     st.none(),
@@ -62,6 +63,10 @@ valid_fields = {
     "parameters": st.dictionaries(st.text(max_size=3), scalars, max_size=2),
     "webhook": st.one_of(st.none(), st.just({"url": "http://x.example/h"})),
     "wait": st.one_of(st.none(), st.floats(min_value=0, max_value=100), st.integers(0, 100)),
+    "metadata": st.one_of(
+        st.none(), st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=3)
+    ),
+    "result_ttl_s": st.one_of(st.none(), st.integers(1, 10**7)),
 }
 wild = st.one_of(
     scalars,
@@ -87,6 +92,23 @@ edges: dict[str, st.SearchStrategy[Any]] = {
     "input": st.sampled_from([None, [], "", {"image": 1}, {"tensor": None}, {"tensor": {}}]),
     "inputs": st.sampled_from([None, [], "a", [None], [""], ["a", {"image": "x"}]]),
     "unknown": st.sampled_from([None, 1]),
+    "metadata": st.sampled_from(
+        [
+            None,
+            {},
+            [],
+            "x",
+            {"a": 1},
+            {"a": None},
+            {"k" * 64: "v"},
+            {"k" * 65: "v"},
+            {"a": "v" * 512},
+            {"a": "v" * 513},
+            {f"k{i}": "v" for i in range(16)},
+            {f"k{i}": "v" for i in range(17)},
+        ]
+    ),
+    "result_ttl_s": st.sampled_from([0, -1, 1, 1.0, True, "5", None, 2**40]),
 }
 
 
@@ -144,6 +166,7 @@ def test_the_job_decoder_accepts_what_the_models_accept(body: dict[str, Any], in
     )
     assert got.webhook == (expected.webhook.url if expected.webhook else None)
     assert got.wait == getattr(expected, "wait", None)
+    assert (got.metadata, got.result_ttl_s) == (expected.metadata or {}, expected.result_ttl_s)
 
 
 embedding_bodies = st.fixed_dictionaries(
@@ -155,7 +178,7 @@ embedding_bodies = st.fixed_dictionaries(
             scalars,
         ),
         "model": scalars,
-        "encoding_format": scalars,
+        "encoding_format": st.one_of(scalars, st.sampled_from((*FORMATS, "INT8", "fp16"))),
         "dimensions": st.one_of(scalars, st.integers(-2, 5)),
         "user": scalars,
         "wait": scalars,
