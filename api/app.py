@@ -29,12 +29,19 @@ from inferq.api import handlers
 from inferq.api.batches.files import FileStore
 from inferq.api.batches.leases import BatchLeases
 from inferq.api.batches.store import BatchStore
+from inferq.api.core.admission import Admission
 from inferq.api.core.auth import load_admin_keys, load_api_keys
+from inferq.api.core.cache import ResultCache
+from inferq.api.core.catalog import ModelCatalog
 from inferq.api.core.embeddings import EmbeddingsRequest
+from inferq.api.core.listing import JobListing
 from inferq.api.core.notifier import Notifier
+from inferq.api.core.oip_body import BUDGET_BODIES, BodyBudget
+from inferq.api.core.redis_memory import RedisMemory
 from inferq.api.core.schemas import InferRequest, SubmitRequest
-from inferq.api.core.service import JobService
+from inferq.api.core.service import Checks, JobService
 from inferq.api.middleware import UploadLimit
+from inferq.api.parts import ApiParts
 from inferq.api.routes import (
     batches,
     embeddings,
@@ -49,9 +56,10 @@ from inferq.api.routes import (
 from inferq.api.routes.deps import authenticate, require_admin
 from inferq.api.routes.fast import FastPath, is_hot
 from inferq.api.webhooks.contract import check_settings as check_webhook_settings
+from inferq.api.webhooks.contract import submit_target
 from inferq.api.webhooks.dispatcher import Dispatcher
-from inferq.shared.metrics import api_metrics
-from inferq.shared.queue import JobQueue
+from inferq.shared.metrics import ApiMetrics, api_metrics
+from inferq.shared.producer import JobProducer
 from inferq.shared.redis_conn import api_client, pubsub_client, sibling
 from inferq.shared.registry import WorkerRegistry
 from inferq.shared.settings import Settings
@@ -132,33 +140,16 @@ def create_app(settings: Settings, *, redis: Redis | None = None) -> FastAPI:
         conns = connect(settings) if redis is None else Connections(redis, lambda: sibling(redis))
         notifier = Notifier(conns.blocking())
         await notifier.start()
-        queue = JobQueue(
-            conns.requests,
-            result_ttl_s=settings.result_ttl_s,
-            shards=settings.stream_shards,
-            keep_inputs=settings.keep_inputs,
-        )
-        registry = WorkerRegistry(conns.requests)
-        tenants = len(set(api_keys.values()))
-        app.state.jobs = service = JobService(
-            settings, queue, registry, notifier, metrics, tenants=tenants
-        )
-        # The Batch API's stores (its routes read them) and this process's share of the
-        # running batches; webhook deliveries when a signing key is set.
-        app.state.files = FileStore(conns.requests, ttl_s=settings.batch_file_ttl_s)
-        app.state.batches = BatchStore(conns.requests, ttl_s=settings.batch_file_ttl_s)
-        app.state.batch_leases = leases = BatchLeases(
-            app.state.batches, app.state.files, service, metrics
-        )
-        await leases.start()
-        webhooks = Dispatcher.launch(settings, queue, metrics, conns.blocking)
+        app.state.parts = parts = _build(settings, conns, notifier, metrics, api_keys, admin_keys)
+        await parts.leases.start()
+        webhooks = Dispatcher.launch(settings, parts.queue, metrics, conns.blocking)
         log.info("api ready: models=%s", ",".join(sorted(settings.served_models)))
-        if not app.state.api_keys:
+        if not api_keys:
             log.warning("INFERQ_API_KEYS is not set: the API is open to anyone who can reach it")
         try:
             yield
         finally:
-            await leases.stop()  # hands its leases back: another process resumes at once
+            await parts.leases.stop()  # hands its leases back: another process resumes at once
             notifier.wake_all()  # open long-polls answer with the current state
             await notifier.close()
             if webhooks is not None:
@@ -178,14 +169,66 @@ def create_app(settings: Settings, *, redis: Redis | None = None) -> FastAPI:
         summary="Memory-bounded microbatching inference behind a Redis queue.",
         lifespan=lifespan,
     )
-    app.state.settings = settings
-    app.state.api_keys = api_keys
-    app.state.admin_keys = admin_keys
-    app.state.metrics = metrics
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     handlers.install(app)
     _mount(app, settings)
     return app
+
+
+def _build(
+    settings: Settings,
+    conns: Connections,
+    notifier: Notifier,
+    metrics: ApiMetrics,
+    api_keys: dict[bytes, str],
+    admin_keys: dict[bytes, str],
+) -> ApiParts:
+    """Every part of the process, each built once, here."""
+    redis = conns.requests
+    queue = JobProducer(
+        redis,
+        result_ttl_s=settings.result_ttl_s,
+        shards=settings.stream_shards,
+        keep_inputs=settings.keep_inputs,
+    )
+    registry = WorkerRegistry(redis)
+    tenants = len(set(api_keys.values()))
+    checks = Checks(
+        catalog=ModelCatalog(settings, registry),
+        # With several tenants, each holds at most its share of a model's queue.
+        admission=Admission(
+            settings.max_queue,
+            settings.max_queue_bytes,
+            tenant_share=settings.tenant_queue_share if tenants > 1 else 1.0,
+            max_webhooks=settings.tenant_max_webhooks,
+        ),
+        cache=ResultCache(settings, redis),
+        memory=RedisMemory(redis, settings.redis_memory_high_water, metrics),
+        webhook_target=submit_target,
+    )
+    service = JobService(settings, queue, notifier, metrics, checks)
+    # The Batch API's stores (its routes read them) and this process's share of the running
+    # batches.
+    files = FileStore(redis, ttl_s=settings.batch_file_ttl_s)
+    batches = BatchStore(redis, ttl_s=settings.batch_file_ttl_s)
+    return ApiParts(
+        settings=settings,
+        api_keys=api_keys,
+        admin_keys=admin_keys,
+        metrics=metrics,
+        queue=queue,
+        registry=registry,
+        notifier=notifier,
+        catalog=checks.catalog,
+        admission=checks.admission,
+        memory=checks.memory,
+        jobs=service,
+        listing=JobListing(redis, list(settings.served_models), settings.stream_shards),
+        files=files,
+        batches=batches,
+        leases=BatchLeases(batches, files, service, metrics),
+        oip_bodies=BodyBudget(BUDGET_BODIES * settings.max_body_bytes),
+    )
 
 
 def _mount(app: InferqAPI, settings: Settings) -> None:

@@ -13,6 +13,7 @@ from inferq.api.core.decode import InvalidBody
 from inferq.api.core.errors import request_error, retry_headers, validation_message
 from inferq.api.core.views import error_body
 from inferq.api.middleware import BodyLimit, BodyTooLarge
+from inferq.api.parts import parts_of
 from inferq.api.responses import FastJSON
 from inferq.shared.errors import CodecError, QueueUnavailable, RedisFull, RequestError
 
@@ -65,7 +66,7 @@ async def _known(request: Request, exc: Exception) -> FastJSON:
 
 async def _http(request: Request, exc: StarletteHTTPException) -> FastJSON:
     if isinstance(exc.__cause__, BodyTooLarge):  # a chunked body that outgrew the limit
-        return BodyLimit.reject(request.app.state.settings.max_body_bytes)
+        return BodyLimit.reject(parts_of(request.app.state).settings.max_body_bytes)
     return FastJSON(
         error_body("http_error", str(exc.detail)), status_code=exc.status_code, headers=exc.headers
     )

@@ -31,9 +31,9 @@ class _Server(uvicorn.Server):
         self._app = app
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        jobs = getattr(self._app.state, "jobs", None)
-        if jobs is not None:
-            jobs.shutdown()
+        parts = getattr(self._app.state, "parts", None)  # None before the app has started
+        if parts is not None:
+            parts.jobs.shutdown()
         super().handle_exit(sig, frame)
 
 

@@ -106,7 +106,7 @@ def up(
 ) -> None:
     """Redis (unless INFERQ_REDIS_URL is set) + workers + API processes, supervised until
     Ctrl-C."""
-    from inferq.up import default_scale, host_gpus, resolve_devices, run_up
+    from inferq.up import UpPlan, default_scale, host_gpus, resolve_devices, run_up
 
     settings = _settings(model=model)
     try:
@@ -118,7 +118,7 @@ def up(
         workers, apis = workers or auto_workers, apis or auto_apis
     explicit_redis = "INFERQ_REDIS_URL" in os.environ
     redis_url = settings.redis_url.get_secret_value() if explicit_redis else None
-    code = run_up(
+    plan = UpPlan(
         host=host,
         port=port,
         model=model,
@@ -130,7 +130,7 @@ def up(
         model_name=settings.default_model.name,
         maxmemory=settings.redis_maxmemory,
     )
-    raise typer.Exit(code)
+    raise typer.Exit(run_up(plan))
 
 
 @app.command()

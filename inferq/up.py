@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -35,6 +36,7 @@ from inferq.worker.calibration.fit import parse_budget
 from inferq.worker.memory import host_total_bytes
 
 __all__ = [
+    "UpPlan",
     "cuda_devices",
     "default_scale",
     "host_gpus",
@@ -392,21 +394,29 @@ def _supervise(server: RedisServer | None, children: list[_Child], stop: list[in
         time.sleep(POLL_S)
 
 
-def run_up(
-    *,
-    host: str,
-    port: int,
-    model: str | None,
-    data_dir: Path,
-    redis_url: str | None,
-    env: Mapping[str, str] | None = None,
-    devices: list[str] | None = None,
-    workers: int = 1,
-    apis: int = 1,
-    model_name: str = "",
-    maxmemory: str = "25%",
-) -> int:
+@dataclass(frozen=True, slots=True)
+class UpPlan:
+    """What `inferq up` runs: where it listens, what it serves, its Redis, how many API
+    processes and workers (on which devices)."""
+
+    host: str
+    port: int
+    model: str | None
+    data_dir: Path
+    redis_url: str | None  # None: an embedded redis-server under data_dir
+    env: Mapping[str, str] | None = None  # the children's environment (default: this one's)
+    devices: list[str] | None = None
+    workers: int = 1
+    apis: int = 1
+    model_name: str = ""
+    maxmemory: str = "25%"
+
+
+def run_up(up: UpPlan) -> int:
     """Run until SIGINT/SIGTERM; 0 on a clean stop, 1 if something could not start."""
+    host, port, model, env, devices = up.host, up.port, up.model, up.env, up.devices
+    data_dir, redis_url, workers, apis = up.data_dir, up.redis_url, up.workers, up.apis
+    model_name, maxmemory = up.model_name, up.maxmemory
     stop_signals: list[int] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

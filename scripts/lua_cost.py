@@ -23,8 +23,10 @@ from redis.asyncio import Redis
 
 from inferq.redis_server import RedisServer
 from inferq.shared import keys
+from inferq.shared.consumer import JobConsumer
 from inferq.shared.jobs import Job, Status, encode_final, new_job_id, now_ms
-from inferq.shared.queue import Entry, Final, JobQueue
+from inferq.shared.producer import JobProducer
+from inferq.shared.queue import Entry, Final
 
 MODEL = "cost"
 
@@ -51,14 +53,14 @@ async def phase(r: Redis, n: int, call: Callable[[int], Awaitable[None]]) -> dic
 
 async def run(url: str, jobs: int) -> None:
     r = Redis.from_url(url)
-    q = JobQueue(r, result_ttl_s=60)
+    api, q = JobProducer(r, result_ttl_s=60), JobConsumer(r, result_ttl_s=60)
     await r.flushall()
     await q.ensure_group(MODEL)
     ids = [new_job_id(MODEL) for _ in range(jobs)]
     entries: list[Entry] = []
 
     async def submit(i: int) -> None:
-        await q.submit(Job(id=ids[i], model=MODEL, inputs=["one short sentence to echo"]))
+        await api.submit(Job(id=ids[i], model=MODEL, inputs=["one short sentence to echo"]))
 
     async def claim(i: int) -> None:
         got = await q.read(MODEL, "w", count=1, block_ms=None)

@@ -21,8 +21,10 @@ import numpy as np
 from redis.asyncio import Redis
 
 from inferq.redis_server import RedisServer
+from inferq.shared.consumer import JobConsumer
 from inferq.shared.jobs import Job, Status, encode_final, new_job_id, now_ms
-from inferq.shared.queue import Final, JobQueue
+from inferq.shared.producer import JobProducer
+from inferq.shared.queue import Final
 
 MODEL = "cost"
 
@@ -34,13 +36,13 @@ async def redis_cpu_s(r: Redis) -> float:
 
 async def one(url: str, jobs: int, count: int) -> tuple[float, float, float]:
     r = Redis.from_url(url)
-    q = JobQueue(r, result_ttl_s=60)
+    api, q = JobProducer(r, result_ttl_s=60), JobConsumer(r, result_ttl_s=60)
     await r.flushall()
     await r.config_resetstat()
     await q.ensure_group(MODEL)
     t0, c0 = time.perf_counter(), await redis_cpu_s(r)
     for _ in range(jobs):
-        await q.submit(Job(id=new_job_id(MODEL), model=MODEL, inputs=["a short sentence"]))
+        await api.submit(Job(id=new_job_id(MODEL), model=MODEL, inputs=["a short sentence"]))
     submit_s, submit_cpu = time.perf_counter() - t0, await redis_cpu_s(r) - c0
     out = np.zeros((1, 384), np.float32)
     t0, c0 = time.perf_counter(), await redis_cpu_s(r)
@@ -48,7 +50,7 @@ async def one(url: str, jobs: int, count: int) -> tuple[float, float, float]:
     while done < jobs:
         entries = await q.read(MODEL, "w", count=count, block_ms=None)
         claimed = await q.claim([e.job_id for e in entries], now_ms())
-        await q.start([e.job_id for e in entries], [True] * len(entries))
+        await q.start([e.job_id for e in entries], [True] * len(entries), [0] * len(entries))
         finals = [
             Final(MODEL, e.stream, e.entry_id, e.job_id,
                   encode_final(Status.SUCCEEDED, finished_ms=now_ms(), outputs=out))

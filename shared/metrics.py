@@ -14,7 +14,7 @@ build fresh ones:
 | `inferq_batches_finished_total`      | counter   | status         | api    |
 | `inferq_batch_lines_total`           | counter   | result         | api    |
 | `inferq_redis_memory_ratio`          | gauge     | –              | api    |
-| `inferq_background_errors_total`     | counter   | loop           | api    |
+| `inferq_background_errors_total`     | counter   | loop           | both   |
 | `inferq_webhook_deferrals_total`     | counter   | why            | api    |
 | `inferq_jobs_finished_total`         | counter   | model, status  | worker |
 | `inferq_job_queue_seconds`           | histogram | model          | worker |
@@ -28,9 +28,11 @@ build fresh ones:
 | `inferq_device_memory_bytes`         | gauge     | kind           | worker |
 
 Counters are declared without the `_total` suffix (prometheus-client appends it), so the
-exposed names are exactly the ones above. `inferq_device_memory_bytes{kind}` takes
-`allocated`, `reserved`, `total`, `footprint` (the process's own, as nvidia-smi shows it) or
-`budget` (its share of INFERQ_MEMORY_BUDGET; 0 without one) (`MEMORY_KINDS`).
+exposed names are exactly the ones above. `inferq_background_errors_total{loop}` is on both
+sides: every background loop's failures, counted by its `inferq.shared.supervise.Supervisor`.
+`inferq_device_memory_bytes{kind}` takes `allocated`, `reserved`, `total`, `footprint` (the
+process's own, as nvidia-smi shows it) or `budget` (its share of INFERQ_MEMORY_BUDGET; 0
+without one) (`MEMORY_KINDS`).
 """
 
 from __future__ import annotations
@@ -122,6 +124,7 @@ class WorkerMetrics:
     batch_splits: Counter
     token_ceiling: Gauge
     device_memory_bytes: Gauge
+    background_errors: Counter
 
     def set_device_memory(
         self, allocated: float, reserved: float, total: float, footprint: float, budget: float
@@ -202,7 +205,7 @@ def api_metrics(registry: CollectorRegistry | None = None) -> ApiMetrics:
         background_errors=Counter(
             f"{PREFIX}_background_errors",
             "Failures a background loop of the API survived (it backs off and goes on), by "
-            "loop: batch_leases, batch_run, webhooks_read, webhooks_upkeep.",
+            "loop: batch_leases, batch_run, webhooks_read, webhooks_upkeep, notifier.",
             ["loop"],
             registry=reg,
         ),
@@ -281,6 +284,13 @@ def worker_metrics(registry: CollectorRegistry | None = None) -> WorkerMetrics:
             "Device memory by kind: allocated, reserved (by the caching allocator), total, "
             "footprint (the process's, as nvidia-smi shows it), budget (its share).",
             ["kind"],
+            registry=reg,
+        ),
+        background_errors=Counter(
+            f"{PREFIX}_background_errors",
+            "Failures of a worker task, by loop: consume, schedule, publish, heartbeat. Redis "
+            "being away is ridden out with backoff; anything else stops the worker.",
+            ["loop"],
             registry=reg,
         ),
     )

@@ -8,6 +8,17 @@ from dataclasses import dataclass
 from inferq.shared.jobs import Job
 
 
+@dataclass(frozen=True, slots=True)
+class Idempotency:
+    """A request's Idempotency-Key as the scripts take it: the key's hash, how long the key
+    lives, and the digest of the request that first used it ('' for none): a repeat must
+    match it."""
+
+    key_hash: str
+    ttl_s: int = 86_400
+    fingerprint: str = ""
+
+
 @dataclass(slots=True)
 class Entry:
     """One stream entry as read by a worker."""

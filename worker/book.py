@@ -106,8 +106,7 @@ class Book:
             finished_ms=end,
             outputs=job_outputs(state.outputs) if keep else None,
             error=error,
-            batch_size=state.batch_size,
-            batch_tokens=state.batch_tokens,
+            batch=(state.batch_size, state.batch_tokens),
             worker=self.worker,
             items_done=done,
         )

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from inferq.shared.consumer import JobConsumer
 from inferq.shared.metrics import WorkerMetrics
-from inferq.shared.queue import JobQueue
 from inferq.shared.registry import ModelInfo, WorkerRegistry
 from inferq.shared.settings import Settings
 from inferq.worker.book import Book
@@ -47,6 +47,8 @@ def model_info(model: Model, model_name: str, settings: Settings, backend: str) 
         output=str(model.output),
         parameters=dict(model.parameters),
         max_cost=model.max_cost,
+        # Optional (`models.base`): only a model trained for truncation declares it.
+        matryoshka_dims=tuple(getattr(model, "matryoshka_dims", ()) or ()),
         version=model_version(
             model,
             model_name,
@@ -77,7 +79,7 @@ def build_worker(
         calibration=plan.calibration,
         ceiling_reason=plan.ceiling_reason,
     )
-    queue = JobQueue(
+    queue = JobConsumer(
         redis,
         result_ttl_s=settings.result_ttl_s,
         shards=settings.stream_shards,
@@ -94,7 +96,7 @@ def build_worker(
         streams=plan.model_threads,
     )
     telemetry = Telemetry(settings, model_name, plan.device, metrics, plan.budget_bytes)
-    outbox = Outbox(queue)
+    outbox = Outbox(queue, metrics.background_errors if metrics is not None else None)
     book = Book(model_name, scheduler, outbox, telemetry, clock, worker=identity.consumer)
     intake = Intake(
         queue,

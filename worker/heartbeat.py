@@ -4,7 +4,8 @@ The worker hands in a function that returns a `Snapshot` (its beat record, the e
 holds, whether a batch is stuck); the heartbeat only writes it (`WorkerRegistry.beat`), so it
 reads no worker attributes and can be tested with any snapshot. Held entries are kept fresh
 only while the device makes progress: a batch stuck past the visibility timeout stops the
-refresh, and the entries become claimable by others (reliability guide #19).
+refresh, and the entries become claimable by others: the heartbeat runs on the event loop,
+not the model thread, so a beat alone would keep a wedged worker's jobs from everyone.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from inferq.shared.errors import QueueUnavailable
+from prometheus_client import Counter
+
 from inferq.shared.registry import WorkerBeat, WorkerRegistry
+from inferq.shared.retry import Backoff
+from inferq.shared.supervise import STOP, Supervisor
 
 log = logging.getLogger("inferq.worker")
 
@@ -37,6 +41,7 @@ class Heartbeat:
         ttl_s: float,
         stuck_after_s: float,
         on_lost: Callable[[dict[str, list[str]]], None] = lambda lost: None,
+        errors: Counter | None = None,
     ) -> None:
         self.registry = registry
         self.snapshot = snapshot
@@ -45,27 +50,21 @@ class Heartbeat:
         self.stuck_after_s = stuck_after_s
         self.on_lost = on_lost  # held entries another worker took over (stream → ids)
         self._warned_stuck = False
+        # A missed beat is retried every period, not on the growing backoff: a wait past the
+        # TTL would let this worker look dead, and its jobs be taken, after Redis is back.
+        period = Backoff(period_s, period_s)
+        self._supervisor = Supervisor("heartbeat", STOP, errors, backoff=period)
 
     async def loop(self) -> None:
-        """Beat every `period_s` until cancelled. Redis down or refusing writes (NOREPLICAS,
-        MISCONF, OOM: all `QueueUnavailable`) skips beats, never ends the loop: the next
-        period is the retry, and one line says when beats stopped and when they resumed."""
-        failing_since: float | None = None
-        while True:
-            try:
-                await self.beat()
-            except QueueUnavailable as e:  # the intake reconnects; beats resume after
-                if failing_since is None:
-                    failing_since = asyncio.get_running_loop().time()
-                    log.warning("heartbeat failing (%s); retrying every %gs", e, self.period_s)
-            else:
-                if failing_since is not None:
-                    log.info(
-                        "heartbeat resumed after %.1fs",
-                        asyncio.get_running_loop().time() - failing_since,
-                    )
-                    failing_since = None
-            await asyncio.sleep(self.period_s)
+        """Beat every `period_s` until cancelled (`inferq.shared.supervise`, STOP). Redis
+        down or refusing writes (NOREPLICAS, MISCONF, OOM: all `QueueUnavailable`) skips
+        beats, never ends the loop: the next period is the retry, and one line says when
+        beats stopped and one when they resumed. Anything else ends the worker."""
+        await self._supervisor.run(self._beat_then_wait)
+
+    async def _beat_then_wait(self) -> None:
+        await self.beat()
+        await asyncio.sleep(self.period_s)
 
     async def beat(self) -> None:
         snap = self.snapshot()

@@ -1,9 +1,10 @@
 """Redis → held jobs: read, take over, claim, admit.
 
-- read: our own pending entries first (delivered before a crash or reconnect, guide #1),
-  then new ones; with a backlog lane by lane (`inferq.worker.policy.lanes`), so priorities decide
-  who gets into the batcher, else one blocking read over every lane; with several queue
-  shards, over every shard (on a Redis Cluster, one read per shard: `shard_reads`);
+- read: our own pending entries first (delivered before a crash or reconnect: a `>` read
+  never returns them again, so they would wait for a take-over), then new ones; with a
+  backlog lane by lane (`inferq.worker.policy.lanes`), so priorities decide who gets into
+  the batcher, else one blocking read over every lane; with several queue shards, over
+  every shard (on a Redis Cluster, one read per shard: `shard_reads`);
 - take over: on a schedule, claim the entries of consumers whose heartbeat is gone (with an
   idle guard, so two live workers never both win) and of any stuck past the visibility
   timeout;
@@ -25,8 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferq.shared.jobs import ErrorCode, Job, JobError, Status
-from inferq.shared.queue import Entry, JobQueue
+from inferq.shared.consumer import JobConsumer
+from inferq.shared.jobs import ErrorCode, Job, JobError, Status, decode_input
+from inferq.shared.queue import Entry
 from inferq.shared.registry import WorkerRegistry
 from inferq.shared.schema import LANES
 from inferq.shared.settings import Settings
@@ -72,7 +74,7 @@ def _checked(prepared: list[Prepared], n: int) -> list[Prepared]:
 class Intake:
     def __init__(
         self,
-        queue: JobQueue,
+        queue: JobConsumer,
         registry: WorkerRegistry,
         model: Model,
         settings: Settings,
@@ -218,7 +220,7 @@ class Intake:
         """Claim `entries` and decide each job's fate (see the module docstring).
 
         `idle`: nothing is held or running, so a lone job read now is the next batch: its
-        claim counts its device start too, and the batch skips `JobQueue.start`."""
+        claim counts its device start too, and the batch skips `JobConsumer.start`."""
         now = self.clock.now_ms()
         limit = self.settings.max_deliveries if idle and len(entries) == 1 else 0
         claimed = await self.queue.claim([e.job_id for e in entries], now, start_limit=limit)
@@ -322,22 +324,14 @@ class Intake:
 
 
 def typed_inputs(raw: list[Any], accepted: frozenset[InputKind]) -> list[Input]:
-    """A job's inputs as the model sees them (see `inferq.shared.jobs` for the wire shapes)."""
+    """A job's inputs as the model sees them (`inferq.shared.jobs.decode_input`)."""
     out = []
     for i, value in enumerate(raw):
-        if isinstance(value, str):
-            item = Input(InputKind.TEXT, value)
-        elif isinstance(value, dict) and isinstance(value.get("image"), bytes):
-            item = Input(InputKind.IMAGE, value["image"])
-        elif isinstance(value, dict) and isinstance(t := value.get("tensor"), dict):
-            try:
-                item = Input(
-                    InputKind.TENSOR, Tensor(str(t["dtype"]), tuple(t["shape"]), t["data"])
-                )
-            except (KeyError, TypeError) as e:
-                raise InvalidInput(i, f"malformed tensor: {e}") from e
-        else:
-            raise InvalidInput(i, f"unknown input shape {type(value).__name__}")
+        try:
+            kind, decoded = decode_input(value)
+        except ValueError as e:
+            raise InvalidInput(i, str(e)) from e
+        item = Input(kind, Tensor(*decoded) if isinstance(decoded, tuple) else decoded)
         if item.kind not in accepted:
             kinds = ", ".join(sorted(accepted))
             raise InvalidInput(i, f"{item.kind} input, but this model takes {kinds}")

@@ -2,10 +2,12 @@
 
 `post` queues a job's final outcome, `ack` an entry to acknowledge without a result (its job
 was already final: a duplicate delivery, or cancelled elsewhere). `run` writes whatever is
-queued in one `JobQueue.finish` round trip (result → notify → XACK, atomically) and, while
+queued in one `JobConsumer.finish` round trip (result → notify → XACK, atomically) and, while
 Redis is unavailable, keeps it all and retries with backoff: a result computed during an
 outage is posted when Redis answers again. Posting is idempotent (the finish script never
-overwrites a final record), so a retry after a lost reply changes nothing.
+overwrites a final record), so a retry after a lost reply changes nothing. `run` is a
+supervised loop (`inferq.shared.supervise`, STOP, loop `publish`): any other failure ends
+the worker.
 """
 
 from __future__ import annotations
@@ -13,21 +15,27 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from prometheus_client import Counter
+
+from inferq.shared.consumer import JobConsumer
 from inferq.shared.errors import QueueUnavailable
-from inferq.shared.queue import Entry, Final, JobQueue
-from inferq.shared.retry import Backoff
+from inferq.shared.queue import Entry, Final
+from inferq.shared.supervise import STOP, Supervisor
 
 log = logging.getLogger("inferq.worker")
 
 
 class Outbox:
-    def __init__(self, queue: JobQueue) -> None:
+    def __init__(self, queue: JobConsumer, errors: Counter | None = None) -> None:
+        """`errors`: the worker's `inferq_background_errors` counter (None: not counted)."""
         self.queue = queue
         # Unbounded on purpose: a finished result must never be dropped or block the device.
         self._pending: asyncio.Queue[Final | Entry] = asyncio.Queue()
         self.posting: set[str] = set()  # job ids finalised here and not yet written
         self.unavailable_since: float | None = None  # loop time of the first failed post
         self._in_flight = 0  # taken off the queue, not yet written
+        self._taken: list[Final | Entry] | None = None  # what `run` retries until written
+        self._supervisor = Supervisor("publish", STOP, errors)
 
     def post(self, final: Final) -> None:
         self.posting.add(final.job_id)
@@ -96,24 +104,23 @@ class Outbox:
         self._written(batch)
 
     async def run(self) -> None:
-        backoff = Backoff()
-        while True:
-            batch = self._take(await self._pending.get())
-            finals = [f for f in batch if isinstance(f, Final)]
-            stale = [e for e in batch if isinstance(e, Entry)]
-            while True:
-                try:
-                    await self._post(finals, stale)
-                    break
-                except QueueUnavailable as e:
-                    if self.unavailable_since is None:
-                        self.unavailable_since = asyncio.get_running_loop().time()
-                    delay = backoff.next()
-                    # Keep the results: they are posted when Redis answers again.
-                    log.warning(
-                        "posting %d results failed (%s); retrying in %.1fs", len(finals), e, delay
-                    )
-                    await asyncio.sleep(delay)
-            backoff.reset()
-            self.unavailable_since = None
-            self._written(batch)
+        """Write what is queued, in order, until cancelled."""
+        await self._supervisor.run(self._post_next)
+
+    async def _post_next(self) -> None:
+        """Write the batch taken before (a retry) or wait for the next one and write it."""
+        if self._taken is None:
+            self._taken = self._take(await self._pending.get())
+        batch = self._taken
+        try:
+            await self._post(
+                [f for f in batch if isinstance(f, Final)],
+                [e for e in batch if isinstance(e, Entry)],
+            )
+        except QueueUnavailable:  # kept: posted when Redis answers again
+            if self.unavailable_since is None:
+                self.unavailable_since = asyncio.get_running_loop().time()
+            raise
+        self._taken = None
+        self.unavailable_since = None
+        self._written(batch)

@@ -18,8 +18,10 @@ straight to a model thread that prepares and runs it (`Executor.run_alone`), and
 is written from that task (`Outbox.flush`). It counts as a running batch all the same, so
 the scheduler, a stop and the heartbeat see it as they see any batch.
 
-A task that dies takes the worker down (and its heartbeat with it), never leaving a
-process that looks alive but no longer reads or publishes.
+Each task is a supervised loop (`inferq.shared.supervise`, policy STOP): Redis away or
+refusing writes is ridden out with backoff, counted in `inferq_background_errors_total{loop}`;
+any other failure is counted and takes the worker down (and its heartbeat with it), never
+leaving a process that looks alive but no longer reads or publishes.
 
 Stop (`stop()`, on SIGTERM) is bounded by `INFERQ_DRAIN_S`: stop reading; once the intake
 has returned, hand back every held job that has nothing on the device (taking back the device
@@ -39,12 +41,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from inferq.shared.consumer import JobConsumer
 from inferq.shared.errors import QueueUnavailable
 from inferq.shared.jobs import Status, pack_field
-from inferq.shared.queue import JobQueue
 from inferq.shared.registry import ModelInfo, WorkerBeat, WorkerRegistry
 from inferq.shared.retry import Backoff
 from inferq.shared.settings import Settings
+from inferq.shared.supervise import STOP, Supervisor
 from inferq.worker.book import Book
 from inferq.worker.clock import Clock
 from inferq.worker.executor import Executor
@@ -97,7 +100,7 @@ class WorkerIdentity:
 
 @dataclass(frozen=True, slots=True)
 class WorkerParts:
-    queue: JobQueue
+    queue: JobConsumer
     registry: WorkerRegistry
     scheduler: Scheduler
     telemetry: Telemetry
@@ -119,6 +122,8 @@ class Worker:
         self.scheduler, self.telemetry, self.clock = parts.scheduler, parts.telemetry, parts.clock
         self.outbox, self.book = parts.outbox, parts.book
         self.intake, self.executor = parts.intake, parts.executor
+        metrics = parts.telemetry.metrics
+        self._errors = metrics.background_errors if metrics is not None else None
         self.heartbeat = Heartbeat(
             self.registry,
             self.snapshot,
@@ -126,6 +131,7 @@ class Worker:
             ttl_s=settings.heartbeat_ttl_s,
             stuck_after_s=settings.visibility_timeout_s,
             on_lost=self._on_lost,
+            errors=self._errors,
         )
         self.handed_back = 0
         self._on_device: dict[int, tuple[Batch, float]] = {}  # batch → (batch, started at)
@@ -222,29 +228,13 @@ class Worker:
                 log.warning("redis unavailable (%s); retrying in %.1fs", e, delay)
                 await asyncio.sleep(delay)
 
+    def _serving(self) -> bool:
+        return not self._stopping.is_set()
+
     # --- consume ---
     async def _consume(self) -> None:
-        backoff = Backoff()
         try:
-            while not self._stopping.is_set():
-                room = self.settings.prefetch_limit - self.book.held_items()
-                if room <= 0:
-                    self._room.clear()
-                    await self._room.wait()
-                    continue
-                try:
-                    entries = await self.intake.fetch(room, self.book.knows)
-                    idle = not (self.book.jobs or self._on_device or self._stopping.is_set())
-                    arrivals = await self.intake.admit(entries, idle=idle) if entries else None
-                except QueueUnavailable as e:
-                    delay = backoff.next()
-                    log.warning("redis read failed (%s); reconnecting in %.1fs", e, delay)
-                    self.intake.reconnected()
-                    await asyncio.sleep(delay)
-                    continue
-                backoff.reset()
-                if arrivals is not None:
-                    self._apply(arrivals)
+            await Supervisor("consume", STOP, self._errors).run(self._consume_once, self._serving)
             # Reads still in flight on other shards: hold what they bring, so the drain
             # hands it back instead of leaving it in this worker's pending list.
             if late := [e for e in await self.intake.settle() if not self.book.knows(e.job_id)]:
@@ -252,6 +242,23 @@ class Worker:
                     self._apply(await self.intake.admit(late))
         finally:
             self._consumed.set()
+
+    async def _consume_once(self) -> None:
+        """Read and admit what the prefetch room holds, or wait for room."""
+        room = self.settings.prefetch_limit - self.book.held_items()
+        if room <= 0:
+            self._room.clear()
+            await self._room.wait()
+            return
+        try:
+            entries = await self.intake.fetch(room, self.book.knows)
+            idle = not (self.book.jobs or self._on_device or self._stopping.is_set())
+            arrivals = await self.intake.admit(entries, idle=idle) if entries else None
+        except QueueUnavailable:
+            self.intake.reconnected()  # the next read opens a fresh connection
+            raise  # the supervisor counts it and backs off
+        if arrivals is not None:
+            self._apply(arrivals)
 
     def _apply(self, arrivals: Arrivals) -> None:
         for entry in arrivals.stale:
@@ -284,24 +291,25 @@ class Worker:
 
     # --- schedule and run ---
     async def _schedule(self) -> None:
+        await Supervisor("schedule", STOP, self._errors).run(self._schedule_once, self._serving)
+
+    async def _schedule_once(self) -> None:
+        """Start the next batch if one is due, else wait until something changes."""
         running = self._running
-        while not self._stopping.is_set():
-            for t in [t for t in running if t.done()]:
-                running.discard(t)
-                t.result()  # a batch task that raised takes the worker down
-            self.book.expire_due()
-            now = self.clock.monotonic()
-            nxt = self.scheduler.next(now, len(running))
-            if nxt.batch is not None:
-                running.add(asyncio.create_task(self._run_batch(nxt.batch)))
-                continue
-            self._wake.clear()
-            wake = asyncio.ensure_future(self._wake.wait())
-            timeout = None if nxt.wake_at is None else max(0.0, nxt.wake_at - now)
-            await asyncio.wait(
-                {wake, *running}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            wake.cancel()
+        for t in [t for t in running if t.done()]:
+            running.discard(t)
+            t.result()  # a batch task that raised takes the worker down
+        self.book.expire_due()
+        now = self.clock.monotonic()
+        nxt = self.scheduler.next(now, len(running))
+        if nxt.batch is not None:
+            running.add(asyncio.create_task(self._run_batch(nxt.batch)))
+            return
+        self._wake.clear()
+        wake = asyncio.ensure_future(self._wake.wait())
+        timeout = None if nxt.wake_at is None else max(0.0, nxt.wake_at - now)
+        await asyncio.wait({wake, *running}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        wake.cancel()
 
     async def _run_batch(self, batch: Batch) -> None:
         key = id(batch)

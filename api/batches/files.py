@@ -7,7 +7,7 @@ A file is two keys, both with the TTL `INFERQ_BATCH_FILE_TTL_S`: its metadata ha
 `CHUNK_BYTES` (SET, then SETRANGE at an offset: each call is idempotent, so redis-py's one
 retry after a timeout cannot duplicate a chunk as APPEND would) and the metadata is written
 last, so a file is visible only once whole. Batch output and error files are stored the
-same way, under ids derived from the batch id (`BatchStore.output_ids`).
+same way, under ids derived from the batch id (`inferq.api.batches.store.output_ids`).
 
 A file being written lives under a key of its writer's own (`keys.file_upload`, TTL
 `UPLOAD_TTL_S`, renewed with each chunk) and is RENAMEd to its content key once whole. A
@@ -39,7 +39,9 @@ from inferq.shared.schema import BATCH_FINAL, BatchField, FileField
 
 log = logging.getLogger("inferq.api.batches")
 
-CHUNK_BYTES = 1 << 20  # per Redis call: bounds each reply (reliability guide #17)
+# Per Redis call: bounds each command and reply, so one large file never holds Redis's one
+# thread, nor a whole copy in a client or server buffer, for the time of its transfer.
+CHUNK_BYTES = 1 << 20
 PURPOSES = ("batch",)  # what clients may upload; "batch_output" files are ours
 # A file being written outlives a dead writer by this much at most; renewed with each chunk,
 # so only a writer that has stopped for this long loses it.

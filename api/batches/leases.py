@@ -48,9 +48,8 @@ from inferq.api.batches.files import FileStore
 from inferq.api.batches.run import BatchRun, Gone
 from inferq.api.batches.store import BatchStore
 from inferq.api.core.service import JobService
-from inferq.shared.errors import QueueUnavailable
 from inferq.shared.metrics import ApiMetrics
-from inferq.shared.retry import Backoff
+from inferq.shared.supervise import DONE, SURVIVE, Done, Supervisor
 
 log = logging.getLogger("inferq.api.batches")
 
@@ -139,7 +138,9 @@ class BatchLeases:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._scanner(), name="batch-leases")
+        self._scan.set()  # the first scan at once, not after SCAN_S
+        scanner = Supervisor("batch_leases", SURVIVE, self.metrics.background_errors)
+        self._task = asyncio.create_task(scanner.run(self._scan_once), name="batch-leases")
 
     async def stop(self) -> None:
         """Stop running batches and hand their leases back: another process takes them at
@@ -158,26 +159,13 @@ class BatchLeases:
         if run is not None:
             run.wake.set()
 
-    def _failed(self, loop: str, e: Exception) -> None:
-        """A background loop survived `e`: counted, and logged (a traceback for a bug)."""
-        self.metrics.background_errors.labels(loop=loop).inc()
-        if isinstance(e, QueueUnavailable):
-            log.warning("%s: %s", loop, e)
-        else:
-            log.error("%s failed; backing off", loop, exc_info=e)
-
-    async def _scanner(self) -> None:
-        delays = Backoff()
-        while True:
-            try:
-                await self._take()
-                delays.reset()
-            except Exception as e:  # the loop's boundary: any Redis refusal or bug, not death
-                self._failed("batch_leases", e)
-                await asyncio.sleep(delays.next())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._scan.wait(), SCAN_S)
-            self._scan.clear()
+    async def _scan_once(self) -> None:
+        """One pass of the scanner: wait for a poke (or SCAN_S), then take what we can. Its
+        supervisor survives any Redis refusal or bug, backs off, and scans again."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._scan.wait(), SCAN_S)
+        self._scan.clear()
+        await self._take()
 
     async def _take(self) -> None:
         active = await self.store.active_with_tenants()
@@ -221,6 +209,8 @@ class BatchLeases:
         work = asyncio.create_task(self._work(batch_id))
         loop = asyncio.get_running_loop()
         renewed = loop.time()
+        # Renewals pace themselves (every RENEW_S): only counted and logged here.
+        renewals = Supervisor("batch_leases", SURVIVE, self.metrics.background_errors)
         try:
             while not work.done():
                 await asyncio.wait({work}, timeout=RENEW_S)
@@ -231,8 +221,9 @@ class BatchLeases:
                         log.warning("batch %s: lease lost; another process runs it", batch_id)
                         return
                     renewed = loop.time()
+                    renewals.succeeded()
                 except Exception as e:  # a Redis refusal or a bug: the lease may lapse
-                    self._failed("batch_leases", e)
+                    renewals.failed(e)
                     if loop.time() - renewed > LEASE_MS / 1000:
                         return  # it has lapsed: someone else may hold it now
             with contextlib.suppress(asyncio.CancelledError):
@@ -250,23 +241,23 @@ class BatchLeases:
 
     async def _work(self, batch_id: str) -> None:
         """Run the batch to its end, starting over (from what Redis holds) after a Redis
-        failure; the lease stays ours meanwhile."""
-        delays = Backoff()
-        while True:
-            try:
-                rec = await self.store.load(batch_id)
-                if rec is None or rec.final:
-                    await self.store.deactivate(batch_id)
-                    return
-                run = BatchRun(rec, self.store, self.files, self.jobs, self.metrics)
-                self._runs[batch_id] = run
-                await run.run()  # the record is final now (FINISH)
+        failure or a bug; the lease stays ours meanwhile."""
+        runs = Supervisor("batch_run", SURVIVE, self.metrics.background_errors)
+        await runs.run(lambda: self._run_once(batch_id))
+
+    async def _run_once(self, batch_id: str) -> Done:
+        """One run of the batch from what Redis holds, to its end (`DONE`) or a failure."""
+        try:
+            rec = await self.store.load(batch_id)
+            if rec is None or rec.final:
                 await self.store.deactivate(batch_id)
-                return
-            except Gone:
-                return
-            except Exception as e:  # the task's outer boundary: start over from Redis
-                self._failed("batch_run", e)
-                await asyncio.sleep(delays.next())
-            finally:
-                self._runs.pop(batch_id, None)
+                return DONE
+            run = BatchRun(rec, self.store, self.files, self.jobs, self.metrics)
+            self._runs[batch_id] = run
+            await run.run()  # the record is final now (FINISH)
+            await self.store.deactivate(batch_id)
+            return DONE
+        except Gone:
+            return DONE
+        finally:
+            self._runs.pop(batch_id, None)

@@ -4,7 +4,7 @@ tenant unless `INFERQ_CACHE_SHARED`) is answered from Redis without queueing.
 The API looks up; the worker never does. A miss records in the job where its outputs go
 (`JobField.CACHE`), and the FINISH script stores them when the job succeeds, in the same
 atomic step that makes it final, bounded by `INFERQ_CACHE_MAX_BYTES` (see `keys`). A hit is
-recorded as a job that is final at birth (`JobQueue.record_cached`), so `GET /v1/jobs/{id}`,
+recorded as a job that is final at birth (`JobProducer.record_cached`), so `GET /v1/jobs/{id}`,
 idempotency keys and webhooks work for it as for any job, and its timings say `cached`.
 
 The key covers the model's `version` as its workers declared it (`registry.ModelInfo`): new

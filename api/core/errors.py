@@ -1,6 +1,6 @@
 """The API's one error table: every error a request can meet → HTTP status and error code.
 
-No FastAPI here: the routes' exception handlers (`inferq.api.routes.errors`), the batch
+No FastAPI here: the app's exception handlers (`inferq.api.handlers`), the batch
 lines and the metrics all read these tables. Two tables, both here and nowhere else:
 
 - `REQUEST_ERRORS`: a refused request (`inferq.shared.errors.RequestError`) → (status, code).
@@ -86,7 +86,7 @@ def refusal_reason(exc: RequestError) -> str:
 
 
 # Redis refusals by error code (the word redis-py's message starts with), in our words: what
-# `/readyz` reports after one (`inferq.api.core.pressure`). Redis's own text names hosts.
+# `/readyz` reports after one (`inferq.api.core.redis_memory`). Redis's own text names hosts.
 WRITE_REFUSALS = {
     "OOM": "out of memory (maxmemory, noeviction)",
     "MISCONF": "writes stopped after a failed RDB save",
@@ -127,7 +127,7 @@ def write_refusal(exc: BaseException) -> str | None:
 
 def out_of_memory(exc: BaseException) -> bool:
     """A write Redis refused because it is at maxmemory: the memory guard's 503, not
-    "unreachable" (`inferq.api.core.pressure.Reservation`)."""
+    "unreachable" (`inferq.api.core.redis_memory.Reservation`)."""
     return write_refusal(exc) == WRITE_REFUSALS["OOM"]
 
 

@@ -15,12 +15,12 @@ device memory is what the workers last published.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from inferq.api.webhooks.store import counts as webhook_counts
 from inferq.shared.errors import QueueUnavailable
 from inferq.shared.jobs import now_ms
-from inferq.shared.queue import JobQueue
+from inferq.shared.producer import JobProducer
 from inferq.shared.registry import WorkerRegistry
 
 # Items older than this with no batch finished by any worker in that window: stalled.
@@ -42,15 +42,19 @@ def _model_status(
 
 
 async def health_report(
-    queue: JobQueue, registry: WorkerRegistry, models: list[str]
+    queue: JobProducer,
+    registry: WorkerRegistry,
+    models: list[str],
+    webhooks: Callable[[], Awaitable[dict[str, int]]],
 ) -> tuple[int, dict[str, Any]]:
-    """(HTTP status, body) of `/v1/health`; Redis failures become `down`, never raise."""
+    """(HTTP status, body) of `/v1/health`; Redis failures become `down`, never raise.
+    `webhooks`: the deliveries queued, retrying and dead (read by the webhook subsystem)."""
     try:
         rtt_ms = await queue.ping()
         queues = await queue.lanes(models)
         now = now_ms()
         workers = await registry.beats(models, now)
-        webhooks = await webhook_counts(queue.redis, models, queue.shards)  # queued, retrying, dead
+        deliveries = await webhooks()
     except QueueUnavailable as e:
         body = {
             "status": "down",
@@ -82,6 +86,6 @@ async def health_report(
         "redis": {"up": True, "rtt_ms": rtt_ms},
         "models": per_model,
         "problems": problems,
-        "webhooks": webhooks,
+        "webhooks": deliveries,
     }
     return 200, body

@@ -26,6 +26,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferq.shared.errors import InputInvalid, InputTooLarge
+from inferq.shared.jobs import image_input, tensor_input
 from inferq.shared.schema import TENSOR_DTYPES, InputKind
 from inferq.shared.settings import Settings
 
@@ -115,7 +116,7 @@ def _tensor(spec: TensorSpec, index: int, settings: Settings) -> dict[str, Any]:
             f"input {index}: tensor data is {len(data)} bytes; {spec.dtype} × {spec.shape} "
             f"needs {expected}"
         )
-    return {"tensor": {"dtype": spec.dtype, "shape": spec.shape, "data": data}}
+    return tensor_input(spec.dtype, spec.shape, data)
 
 
 def check_text(text: str, index: int, settings: Settings) -> str:
@@ -177,7 +178,7 @@ def wire_inputs(items: list[InputItem], settings: Settings) -> tuple[list[Any], 
             values.append(check_text(item, i, settings))
             kinds.append(InputKind.TEXT)
         elif isinstance(item, ImageItem):
-            values.append({"image": check_image(_b64(item.image, i, "image"), i, settings)})
+            values.append(image_input(check_image(_b64(item.image, i, "image"), i, settings)))
             kinds.append(InputKind.IMAGE)
         else:
             values.append(_tensor(item.tensor, i, settings))
@@ -191,5 +192,5 @@ def wire_images(files: list[bytes], settings: Settings) -> tuple[list[Any], list
         raise InputTooLarge(
             f"{len(files)} files exceed INFERQ_MAX_INPUTS_PER_JOB={settings.max_inputs_per_job}"
         )
-    values = [{"image": check_image(data, i, settings)} for i, data in enumerate(files)]
+    values = [image_input(check_image(data, i, settings)) for i, data in enumerate(files)]
     return values, [InputKind.IMAGE] * len(values)

@@ -9,34 +9,39 @@ waiter's future resolves with it, so the answer needs no read back. The last `RE
 completions are remembered, so a watch registered just after its job's
 message arrived resolves at once: a caller that has just submitted a job can skip the
 first read (the job is queued, or done and remembered) without risking a re-read delay.
+
+The subscription is a supervised loop (`inferq.shared.supervise`, SURVIVE, loop `notifier`):
+a drop is counted, logged once per outage, and resubscribed with backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections import OrderedDict
 
+from prometheus_client import Counter
 from redis.asyncio import Redis
 
 from inferq.shared import keys
-
-log = logging.getLogger("inferq.api")
+from inferq.shared.redis_conn import unavailable
+from inferq.shared.supervise import SURVIVE, Supervisor
 
 RECENT = 4096  # completions remembered (every API process hears every model's completions)
 
 
 class Notifier:
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, errors: Counter | None = None) -> None:
+        """`errors`: the API's `inferq_background_errors` counter (None: not counted)."""
         self._redis = redis
+        self._supervisor = Supervisor("notifier", SURVIVE, errors)
         self._waiters: dict[str, set[asyncio.Future[bytes | None]]] = {}
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="notifier")
+        self._task = asyncio.create_task(self._supervisor.run(self._listen), name="notifier")
 
     async def close(self) -> None:
         if self._task:
@@ -81,34 +86,31 @@ class Notifier:
     def waiting(self) -> int:
         return sum(len(w) for w in self._waiters.values())
 
-    async def _run(self) -> None:
-        delay = 0.1
-        while True:
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-            try:
-                # A cluster client learns the slot map on its first command, and its pubsub
-                # picks a node from that map: ask something first (after a failover too).
-                await self._redis.ping()
-                await pubsub.psubscribe(keys.DONE_PATTERN)
-                self.connected.set()
-                self.wake_all()  # anything published while we were away: re-read
-                delay = 0.1
-                async for msg in pubsub.listen():
-                    if msg and msg.get("type") == "pmessage":
-                        channel = msg["channel"]
-                        if isinstance(channel, bytes):
-                            channel = channel.decode()
-                        data = msg.get("data")
-                        payload = data if isinstance(data, bytes) and data != b"final" else None
-                        self._done(keys.job_id_from_channel(channel), payload)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # any drop: resubscribe with backoff, waiters re-read
-                self.connected.clear()
-                log.warning("completion subscriber lost (%s); resubscribing in %.1fs", e, delay)
-                self.wake_all()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+    @unavailable  # a dropped connection is an outage (one line), not a bug (a traceback)
+    async def _listen(self) -> None:
+        """Subscribe and hand out completions until the subscription drops (it raises: the
+        supervisor backs off and calls again, and every waiter re-reads meanwhile)."""
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        try:
+            # A cluster client learns the slot map on its first command, and its pubsub
+            # picks a node from that map: ask something first (after a failover too).
+            await self._redis.ping()
+            await pubsub.psubscribe(keys.DONE_PATTERN)
+            self.connected.set()
+            self.wake_all()  # anything published while we were away: re-read
+            self._supervisor.succeeded()  # subscribed: an outage ends here, not at a drop
+            async for msg in pubsub.listen():
+                if msg and msg.get("type") == "pmessage":
+                    channel = msg["channel"]
+                    if isinstance(channel, bytes):
+                        channel = channel.decode()
+                    data = msg.get("data")
+                    payload = data if isinstance(data, bytes) and data != b"final" else None
+                    self._done(keys.job_id_from_channel(channel), payload)
+        except Exception:  # any drop: waiters re-read now rather than at their next timer
+            self.connected.clear()
+            self.wake_all()
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()

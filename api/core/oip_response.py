@@ -26,10 +26,10 @@ import numpy as np
 import orjson
 
 from inferq.api.core.errors import job_failure, request_error, retry_headers
+from inferq.api.core.idempotency import KeyReused
 from inferq.api.core.oip import InferRequest
 from inferq.api.core.oip_metadata import VERSION, output_kind, output_name
 from inferq.api.core.oip_tensors import BYTES, Values, to_binary, to_json
-from inferq.api.core.service import KeyReused
 from inferq.shared.errors import CodecError, QueueUnavailable, RedisFull, RequestError
 from inferq.shared.jobs import Job, Status
 from inferq.shared.registry import ModelInfo

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
-import orjson
 
 from inferq.api.core.admission import Admission
 from inferq.api.core.cache import ResultCache
 from inferq.api.core.catalog import ModelCatalog
 from inferq.api.core.errors import refusal_reason
+from inferq.api.core.idempotency import key_reused, request_fingerprint
 from inferq.api.core.inputs import (
     InputItem,
     image_kinds,
@@ -35,8 +35,7 @@ from inferq.api.core.inputs import (
     wire_inputs,
 )
 from inferq.api.core.notifier import Notifier
-from inferq.api.core.pressure import RedisMemory
-from inferq.api.webhooks.contract import submit_target
+from inferq.api.core.redis_memory import RedisMemory
 from inferq.shared import keys
 from inferq.shared.errors import (
     InputInvalid,
@@ -59,12 +58,12 @@ from inferq.shared.jobs import (
     now_ms,
 )
 from inferq.shared.metrics import ApiMetrics
-from inferq.shared.queue import JobQueue, Submitted, per_shard
-from inferq.shared.registry import WorkerRegistry
+from inferq.shared.producer import JobProducer
+from inferq.shared.queue import Idempotency, Submitted, per_shard
 from inferq.shared.schema import JobField
 from inferq.shared.settings import Settings
 
-#: What `JobQueue.submit` answers when a cap refused the job on that shard.
+#: What `JobProducer.submit` answers when a cap refused the job on that shard.
 REFUSED = ("full", "full_bytes", "tenant_full", "tenant_bytes")
 #: The `model` label of a refused submit that named no served model: a client's string
 #: never becomes a label value (each would be a series kept for the process's life).
@@ -87,6 +86,8 @@ class Submission:
     parameters: dict[str, Any] = field(default_factory=dict)
     webhook: str | None = None  # URL to deliver the final job to
     webhook_events: tuple[str, ...] | None = None  # the final statuses it fires on; None: all
+    metadata: dict[str, str] = field(default_factory=dict)  # the caller's labels
+    result_ttl_s: int | None = None  # how long the final record lives; None: the default
 
 
 @dataclass(slots=True)
@@ -101,58 +102,44 @@ class _Placement:
     fingerprint: str | None = None  # of what the key's request asked (`request_fingerprint`)
 
 
-class KeyReused(InputInvalid):
-    """An Idempotency-Key sent again with a different request (422): answering with the
-    first request's job would hand one request another's outputs."""
+#: The webhook's submit check (`inferq.api.webhooks.contract.submit_target`), handed in by
+#: `create_app` so the job pipeline does not import the webhook subsystem.
+WebhookTarget = Callable[
+    [Settings, str, str | None, tuple[str, ...] | None], Awaitable[dict[str, Any] | None]
+]
 
 
-def _key_reused(key: str | None, job_id: str) -> KeyReused:
-    shown = f" {key[:64]!r}" if key is not None else ""
-    return KeyReused(
-        f"Idempotency-Key{shown} was first used for a different request (job {job_id}): its "
-        "model, inputs, parameters or webhook differ; use a new key for a new request"
-    )
+@dataclass(frozen=True, slots=True)
+class Checks:
+    """What a submission passes before it is queued, each built by `create_app`: the model
+    catalog (what each model takes), admission (how much a queue may hold), the result cache,
+    the Redis memory guard, and the webhook check."""
 
-
-def request_fingerprint(job: Job) -> str:
-    """A digest of what decides a job's outputs and where they go (model, inputs, parameters,
-    webhook), bound to its Idempotency-Key: the same request sent to another route, or again
-    with another deadline or lane, matches; different inputs do not."""
-    h = hashlib.sha256()
-    h.update(msgpack.packb([job.model, job.webhook], use_bin_type=True))
-    h.update(orjson.dumps(job.parameters, option=orjson.OPT_SORT_KEYS))
-    for value in job.inputs:  # one input at a time: no second copy of a large job
-        h.update(msgpack.packb(value, use_bin_type=True))
-    return h.hexdigest()
+    catalog: ModelCatalog
+    admission: Admission
+    cache: ResultCache
+    memory: RedisMemory
+    webhook_target: WebhookTarget
 
 
 class JobService:
     def __init__(
         self,
         settings: Settings,
-        queue: JobQueue,
-        registry: WorkerRegistry,
+        queue: JobProducer,
         notifier: Notifier,
         metrics: ApiMetrics,
-        *,
-        tenants: int = 1,
+        checks: Checks,
     ) -> None:
-        """`tenants`: how many tenants INFERQ_API_KEYS names; with several, each holds at most
-        its share of a model's queue (INFERQ_TENANT_QUEUE_SHARE)."""
         self.settings = settings
         self.queue = queue
-        self.registry = registry
         self.notifier = notifier
         self.metrics = metrics
-        self.catalog = ModelCatalog(settings, registry)
-        self.admission = Admission(
-            settings.max_queue,
-            settings.max_queue_bytes,
-            tenant_share=settings.tenant_queue_share if tenants > 1 else 1.0,
-            max_webhooks=settings.tenant_max_webhooks,
-        )
-        self.cache = ResultCache(settings, queue.redis)
-        self.memory = RedisMemory(queue.redis, settings.redis_memory_high_water, metrics)
+        self.catalog = checks.catalog
+        self.admission = checks.admission
+        self.cache = checks.cache
+        self.memory = checks.memory
+        self._webhook_target = checks.webhook_target
         self.shutting_down = False
         self._turn = itertools.count(random.randrange(1024))  # the next unpinned job's shard
 
@@ -192,7 +179,9 @@ class JobService:
         if sub.webhook is not None:
             await self._check_webhook_backlog(name, sub.tenant)
         # 422 without a signing key or for a URL the SSRF guard refuses (resolved off-loop).
-        webhook = await submit_target(self.settings, sub.tenant, sub.webhook, sub.webhook_events)
+        webhook = await self._webhook_target(
+            self.settings, sub.tenant, sub.webhook, sub.webhook_events
+        )
         timeout_s = sub.timeout_s or self.settings.job_timeout_s
         created = now_ms()
         job = Job(
@@ -206,6 +195,14 @@ class JobService:
             parameters=sub.parameters,
         )
         job.webhook = webhook
+        job.metadata = sub.metadata
+        if sub.result_ttl_s is not None:
+            if sub.result_ttl_s > self.settings.result_ttl_max_s:
+                raise InputInvalid(
+                    f"result_ttl_s={sub.result_ttl_s} is over this server's maximum, "
+                    f"{self.settings.result_ttl_max_s} s (INFERQ_RESULT_TTL_MAX_S)"
+                )
+            job.result_ttl_s = sub.result_ttl_s
         return job
 
     async def _check_webhook_backlog(self, model: str, tenant: str) -> None:
@@ -260,7 +257,7 @@ class JobService:
         done = await self._enqueue(job, limit, place)
         self._check_replicas(done)
         if done.outcome == "conflict":
-            raise _key_reused(sub.idempotency_key, done.job_id)
+            raise key_reused(sub.idempotency_key, done.job_id)
         if done.outcome == "duplicate":
             return await self.get(done.job_id, sub.tenant), False
         if done.outcome == "full_bytes":
@@ -304,9 +301,7 @@ class JobService:
                 job,
                 max_queue=per_shard(limit, shards),
                 max_bytes=per_shard(self.settings.max_queue_bytes, shards),
-                idempotency_key=place.key_hash,
-                idempotency_ttl_s=self.settings.idempotency_ttl_s,
-                fingerprint=place.fingerprint or "",
+                idempotency=self._idempotency(place),
                 wait=(self.settings.redis_wait_replicas, self._wait_ms()),
                 tenant_caps=(per_shard(caps[0], shards), per_shard(caps[1], shards)),
             )
@@ -315,6 +310,12 @@ class JobService:
         if shards > 1:  # every shard refused: say what the whole model holds
             done.depth = await self._held(job, done.outcome)
         return done
+
+    def _idempotency(self, place: _Placement) -> Idempotency | None:
+        if place.key_hash is None:
+            return None
+        ttl_s = self.settings.idempotency_ttl_s
+        return Idempotency(place.key_hash, ttl_s, place.fingerprint or "")
 
     async def _held(self, job: Job, outcome: str) -> int:
         """What a refusal's cap counts, over every shard of the model."""
@@ -335,12 +336,10 @@ class JobService:
         done = await self.queue.record_cached(
             job,
             fields,
-            idempotency_key=place.key_hash,
-            idempotency_ttl_s=self.settings.idempotency_ttl_s,
-            fingerprint=place.fingerprint or "",
+            idempotency=self._idempotency(place),
         )
         if done.outcome == "conflict":
-            raise _key_reused(None, done.job_id)
+            raise key_reused(None, done.job_id)
         if done.outcome == "duplicate":
             return await self.get(done.job_id, job.tenant), False
         job.outputs = decode_outputs(msgpack.unpackb(outputs, raw=False))

@@ -25,7 +25,7 @@ from inferq.api.batches.lines import ENDPOINTS, check_file
 from inferq.api.batches.store import WINDOWS
 from inferq.api.core.decode import MAX_CONTROL_JSON_BYTES, json_budget
 from inferq.api.responses import FastJSON, list_page
-from inferq.api.routes.deps import Batches, Config, Files, Jobs, Leases, Tenant
+from inferq.api.routes.deps import Batches, Config, Files, Leases, Memory, Tenant
 from inferq.shared.errors import InputInvalid, InputTooLarge, JobNotFound, Overloaded
 from inferq.shared.settings import Settings
 
@@ -108,12 +108,12 @@ async def create_batch(
     batches: Batches,
     files: Files,
     leases: Leases,
-    jobs: Jobs,
+    memory: Memory,
     settings: Config,
     tenant: Tenant,
 ) -> FastJSON:
     """Run every request of an uploaded file through `endpoint`, in the low lane."""
-    await jobs.memory.check()  # Redis nearly full: 503 before anything is read
+    await memory.check()  # Redis nearly full: 503 before anything is read
     body = await _read_create(request, settings)
     _check(body)
     if (running := await batches.running(tenant)) >= settings.tenant_max_batches:

@@ -1,7 +1,8 @@
 """Typed dependencies, so handlers never reach into `app.state` and signatures stay short.
 
 All `async def`: FastAPI runs a sync dependency in a thread pool, one hop per request.
-`create_app` puts each component on `app.state`; these hand them to the routes.
+`create_app` builds the process's parts once (`api.parts.ApiParts`, on `app.state.parts`);
+these hand them to the routes, typed.
 """
 
 from __future__ import annotations
@@ -14,55 +15,79 @@ from inferq.api.batches.files import FileStore
 from inferq.api.batches.leases import BatchLeases
 from inferq.api.batches.store import BatchStore
 from inferq.api.core.auth import check_admin, tenant_of
+from inferq.api.core.catalog import ModelCatalog
+from inferq.api.core.listing import JobListing
+from inferq.api.core.redis_memory import RedisMemory
 from inferq.api.core.service import JobService
+from inferq.api.parts import ApiParts, parts_of
 from inferq.shared.errors import RequestError
 from inferq.shared.metrics import ApiMetrics
-from inferq.shared.queue import JobQueue
+from inferq.shared.producer import JobProducer
 from inferq.shared.registry import WorkerRegistry
 from inferq.shared.settings import Settings
 
 
+def _parts(request: Request) -> ApiParts:
+    return parts_of(request.app.state)
+
+
 async def _jobs(request: Request) -> JobService:
-    return request.app.state.jobs  # type: ignore[no-any-return]
+    return _parts(request).jobs
+
+
+async def _listing(request: Request) -> JobListing:
+    return _parts(request).listing
 
 
 async def _settings(request: Request) -> Settings:
-    return request.app.state.settings  # type: ignore[no-any-return]
+    return _parts(request).settings
 
 
-async def _queue(request: Request) -> JobQueue:
-    return request.app.state.jobs.queue  # type: ignore[no-any-return]
+async def _queue(request: Request) -> JobProducer:
+    return _parts(request).queue
 
 
 async def _registry(request: Request) -> WorkerRegistry:
-    return request.app.state.jobs.registry  # type: ignore[no-any-return]
+    return _parts(request).registry
+
+
+async def _catalog(request: Request) -> ModelCatalog:
+    return _parts(request).catalog
+
+
+async def _memory(request: Request) -> RedisMemory:
+    return _parts(request).memory
 
 
 async def _metrics(request: Request) -> ApiMetrics:
-    return request.app.state.metrics  # type: ignore[no-any-return]
+    return _parts(request).metrics
 
 
 async def _files(request: Request) -> FileStore:
-    return request.app.state.files  # type: ignore[no-any-return]
+    return _parts(request).files
 
 
 async def _batches(request: Request) -> BatchStore:
-    return request.app.state.batches  # type: ignore[no-any-return]
+    return _parts(request).batches
 
 
 async def _leases(request: Request) -> BatchLeases:
-    return request.app.state.batch_leases  # type: ignore[no-any-return]
+    return _parts(request).leases
+
+
+async def _all(request: Request) -> ApiParts:
+    return _parts(request)
 
 
 async def authenticate(request: Request) -> str:
     """The caller's tenant ('' when the API is open); 401 otherwise."""
-    return tenant_of(request.app.state.api_keys, request.headers.get("authorization", ""))
+    return tenant_of(_parts(request).api_keys, request.headers.get("authorization", ""))
 
 
 async def require_admin(request: Request) -> None:
     """An operator's route: 401 without a valid key, 403 for a tenant's (`check_admin`)."""
-    state = request.app.state
-    check_admin(state.admin_keys, state.api_keys, request.headers.get("authorization", ""))
+    parts = _parts(request)
+    check_admin(parts.admin_keys, parts.api_keys, request.headers.get("authorization", ""))
 
 
 async def viewer(request: Request) -> bool:
@@ -76,9 +101,13 @@ async def viewer(request: Request) -> bool:
         return False
 
 
+Parts = Annotated[ApiParts, Depends(_all)]
 Jobs = Annotated[JobService, Depends(_jobs)]
+Catalog = Annotated[ModelCatalog, Depends(_catalog)]
+Memory = Annotated[RedisMemory, Depends(_memory)]
+Listing = Annotated[JobListing, Depends(_listing)]
 Config = Annotated[Settings, Depends(_settings)]
-Queue = Annotated[JobQueue, Depends(_queue)]
+Queue = Annotated[JobProducer, Depends(_queue)]
 Registry = Annotated[WorkerRegistry, Depends(_registry)]
 Metrics = Annotated[ApiMetrics, Depends(_metrics)]
 Files = Annotated[FileStore, Depends(_files)]

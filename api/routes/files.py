@@ -15,10 +15,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from inferq.api.batches.files import CHUNK_BYTES, PURPOSES
-from inferq.api.core.pressure import FILE_WEIGHT
+from inferq.api.core.redis_memory import FILE_WEIGHT
 from inferq.api.middleware import BodyTooLarge
 from inferq.api.responses import FastJSON, list_page
-from inferq.api.routes.deps import Config, Files, Jobs, Tenant
+from inferq.api.routes.deps import Config, Files, Memory, Tenant
 from inferq.shared.errors import InputInvalid, InputTooLarge, Overloaded
 from inferq.shared.settings import Settings
 
@@ -68,7 +68,7 @@ _UPLOAD_SCHEMA = {
 
 @router.post("/files", openapi_extra=_UPLOAD_SCHEMA)
 async def upload_file(
-    request: Request, files: Files, jobs: Jobs, settings: Config, tenant: Tenant
+    request: Request, files: Files, memory: Memory, settings: Config, tenant: Tenant
 ) -> FastJSON:
     """Upload a JSONL file of batch requests (`purpose=batch`)."""
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
@@ -82,7 +82,7 @@ async def upload_file(
     # chunked one: by its size once read), and held until its bytes are in Redis: uploads
     # under way at once cannot pass one check together and fill Redis part way.
     declared = min(_content_length(request), limit)
-    async with jobs.memory.admit(declared, FILE_WEIGHT) as held:
+    async with memory.admit(declared, FILE_WEIGHT) as held:
         purpose, filename, content = await _read_upload(request, limit)
         if len(content) > declared:
             await held.grow(len(content) - declared)

@@ -6,12 +6,14 @@ them ever answers 500.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 
 from fastapi import APIRouter
 
 from inferq.api.core.health import health_report
 from inferq.api.responses import FastJSON
-from inferq.api.routes.deps import Config, Jobs, Queue, Registry
+from inferq.api.routes.deps import Config, Memory, Queue, Registry
+from inferq.api.webhooks.store import counts as webhook_counts
 from inferq.shared.errors import QueueUnavailable
 from inferq.shared.jobs import now_ms
 
@@ -28,14 +30,14 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(settings: Config, queue: Queue, registry: Registry, jobs: Jobs) -> FastJSON:
+async def readyz(settings: Config, queue: Queue, registry: Registry, memory: Memory) -> FastJSON:
     """200 only when Redis answers and takes new work, and a live worker serves the default
     model. 503 with the reason while the memory guard refuses every submit (Redis past
     INFERQ_REDIS_MEMORY_HIGH_WATER) or Redis refused a write lately (OOM, MISCONF...):
     a balancer then sends new clients elsewhere rather than to certain 503s."""
     try:
         await queue.ping()
-        refusing = await jobs.memory.refusing()
+        refusing = await memory.refusing()
         now = now_ms()
         unserved = [m for m in sorted(settings.served_models) if not await registry.live(m, now)]
     except QueueUnavailable as e:
@@ -54,5 +56,10 @@ async def readyz(settings: Config, queue: Queue, registry: Registry, jobs: Jobs)
 @admin.get("/v1/health")
 async def health(settings: Config, queue: Queue, registry: Registry) -> FastJSON:
     """Overall status, Redis round-trip, per model: queue depth, oldest age, live workers."""
-    code, body = await health_report(queue, registry, sorted(settings.served_models))
+    models = sorted(settings.served_models)
+
+    def webhooks() -> Awaitable[dict[str, int]]:
+        return webhook_counts(queue.redis, models, queue.shards)
+
+    code, body = await health_report(queue, registry, models, webhooks)
     return FastJSON(body, status_code=code)

@@ -8,7 +8,7 @@ import logging
 from fastapi import APIRouter, Response
 
 from inferq.api.responses import FastJSON
-from inferq.api.routes.deps import Config, Jobs, Metrics, Registry, Viewer
+from inferq.api.routes.deps import Catalog, Config, Metrics, Parts, Registry, Viewer
 from inferq.shared.errors import QueueUnavailable
 from inferq.shared.jobs import now_ms
 from inferq.shared.metrics import CONTENT_TYPE_LATEST, render
@@ -22,13 +22,15 @@ _MODEL_WORKER_FIELDS = ("id", "host", "device", "backend", "token_ceiling", "cal
 
 
 @router.get("/v1/models")
-async def models(settings: Config, jobs: Jobs, registry: Registry, detail: Viewer) -> FastJSON:
+async def models(
+    settings: Config, catalog: Catalog, registry: Registry, detail: Viewer
+) -> FastJSON:
     """Served models: what each takes and gives, whether a worker serves it; for an admin
     also its target and live workers (device, backend, live ceiling, calibration)."""
     names = sorted(settings.served_models)
     try:
         workers = await registry.beats(names, now_ms())
-        infos = {n: await jobs.catalog.info(n) for n in names}
+        infos = {n: await catalog.info(n) for n in names}
         code = 200
     except QueueUnavailable as e:
         log.warning("/v1/models: redis unreachable: %s", e)
@@ -45,6 +47,7 @@ async def models(settings: Config, jobs: Jobs, registry: Registry, detail: Viewe
                 "output": info.output,
                 "parameters": info.parameters,
                 "max_cost": info.max_cost,
+                "matryoshka_dims": list(info.matryoshka_dims),  # `dimensions` it takes
             }
         if detail:
             beats = workers.get(n, [])
@@ -57,12 +60,12 @@ async def models(settings: Config, jobs: Jobs, registry: Registry, detail: Viewe
 
 
 @admin.get("/metrics", include_in_schema=False)
-async def metrics(settings: Config, jobs: Jobs, m: Metrics) -> Response:
+async def metrics(settings: Config, parts: Parts, m: Metrics) -> Response:
     """The API's registry in Prometheus text; queue depths are read from Redis first."""
-    m.requests_waiting.set(jobs.notifier.waiting)
+    m.requests_waiting.set(parts.notifier.waiting)
     try:
         for n in sorted(settings.served_models):
-            m.queue_depth.labels(model=n).set(await jobs.queue.queue_depth(n))
+            m.queue_depth.labels(model=n).set(await parts.queue.queue_depth(n))
     except QueueUnavailable as e:  # serve the rest; the gauge keeps its last value
         log.warning("/metrics: queue depth not refreshed, redis unreachable: %s", e)
     return Response(render(m.registry), media_type=CONTENT_TYPE_LATEST)

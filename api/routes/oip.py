@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import APIRouter, Request, Response
 
 from inferq.api.core.oip import InferRequest, check_version, parse_infer, submission
-from inferq.api.core.oip_body import BUDGET_BODIES, BodyBudget, Hold, inflate
+from inferq.api.core.oip_body import BodyBudget, Hold, inflate
 from inferq.api.core.oip_metadata import model_metadata, server_metadata
 from inferq.api.core.oip_response import (
     HEADER_LENGTH,
@@ -34,8 +34,9 @@ from inferq.api.core.oip_response import (
     refusal,
 )
 from inferq.api.core.service import JobService
+from inferq.api.parts import parts_of
 from inferq.api.routes import health
-from inferq.api.routes.deps import Config, Jobs, Queue, Registry, authenticate, disconnected
+from inferq.api.routes.deps import Config, Parts, Queue, Registry, authenticate, disconnected
 from inferq.shared.errors import InputInvalid, RequestError
 from inferq.shared.jobs import Job, now_ms
 from inferq.shared.registry import ModelInfo
@@ -100,10 +101,10 @@ async def live() -> Response:
 
 
 @router.get("/health/ready")
-async def ready(settings: Config, queue: Queue, registry: Registry, jobs: Jobs) -> Response:
+async def ready(settings: Config, queue: Queue, registry: Registry, parts: Parts) -> Response:
     """Ready, exactly when /readyz is: Redis answers and takes new work, and the default model
     has a live worker (200; 503 otherwise, which a Triton client reads as not ready)."""
-    ok = (await health.readyz(settings, queue, registry, jobs)).status_code == 200
+    ok = (await health.readyz(settings, queue, registry, parts.memory)).status_code == 200
     return Response(
         b'{"ready":true}' if ok else b'{"ready":false}',
         status_code=200 if ok else 503,
@@ -111,12 +112,12 @@ async def ready(settings: Config, queue: Queue, registry: Registry, jobs: Jobs) 
     )
 
 
-async def _metadata(request: Request, jobs: Jobs, model: str, version: str | None) -> Response:
+async def _metadata(request: Request, parts: Parts, model: str, version: str | None) -> Response:
     async def work() -> Reply:
         await authenticate(request)
-        name = jobs.catalog.resolve(model)
+        name = parts.catalog.resolve(model)
         check_version(name, version)
-        info = await jobs.catalog.info(name)
+        info = await parts.catalog.info(name)
         if info is None:  # served, but no worker has started and declared it yet
             message = f"model {name!r} has no worker yet: its inputs and outputs are unknown"
             return error(503, message, {"Retry-After": "1"})
@@ -126,48 +127,50 @@ async def _metadata(request: Request, jobs: Jobs, model: str, version: str | Non
 
 
 @router.get("/models/{model}")
-async def metadata(request: Request, jobs: Jobs, model: str) -> Response:
+async def metadata(request: Request, parts: Parts, model: str) -> Response:
     """A model's metadata: versions, platform, inputs and outputs (datatype, shape)."""
-    return await _metadata(request, jobs, model, None)
+    return await _metadata(request, parts, model, None)
 
 
 @router.get("/models/{model}/versions/{version}")
-async def version_metadata(request: Request, jobs: Jobs, model: str, version: str) -> Response:
+async def version_metadata(request: Request, parts: Parts, model: str, version: str) -> Response:
     """The same, for version "1" (the only one inferq serves)."""
-    return await _metadata(request, jobs, model, version)
+    return await _metadata(request, parts, model, version)
 
 
-async def _model_ready(request: Request, jobs: Jobs, model: str, version: str | None) -> Response:
+async def _model_ready(request: Request, parts: Parts, model: str, version: str | None) -> Response:
     async def work() -> Reply:
         await authenticate(request)
-        name = jobs.catalog.resolve(model)
+        name = parts.catalog.resolve(model)
         check_version(name, version)
-        ok = bool(await jobs.registry.live(name, now_ms()))
+        ok = bool(await parts.registry.live(name, now_ms()))
         return json_reply({"name": name, "ready": ok}, 200 if ok else 503)
 
     return await _answer(request, work)
 
 
 @router.get("/models/{model}/ready")
-async def model_ready(request: Request, jobs: Jobs, model: str) -> Response:
+async def model_ready(request: Request, parts: Parts, model: str) -> Response:
     """200 when the model has a live worker; 503 when it has none."""
-    return await _model_ready(request, jobs, model, None)
+    return await _model_ready(request, parts, model, None)
 
 
 @router.get("/models/{model}/versions/{version}/ready")
-async def version_ready(request: Request, jobs: Jobs, model: str, version: str) -> Response:
-    return await _model_ready(request, jobs, model, version)
+async def version_ready(request: Request, parts: Parts, model: str, version: str) -> Response:
+    return await _model_ready(request, parts, model, version)
 
 
 async def _infer(
-    request: Request, jobs: Jobs, settings: Config, model: str, version: str | None
+    request: Request, parts: Parts, settings: Config, model: str, version: str | None
 ) -> Response:
+    jobs = parts.jobs
+
     async def work() -> Reply:
         tenant = await authenticate(request)
-        name = jobs.catalog.resolve(model)
+        name = parts.catalog.resolve(model)
         check_version(name, version)
         key = _idempotency_key(request)
-        info = await jobs.catalog.info(name)
+        info = await parts.catalog.info(name)
         req, first, created = await _submit(request, jobs, settings, name, info, tenant, key)
         wait_s = jobs.clamp_wait(req.timeout_s, settings.sync_wait_s)
         job = await jobs.follow(first, created, tenant, wait_s, lambda: disconnected(request))
@@ -186,12 +189,8 @@ async def _infer(
 
 
 def _budget(request: Request, settings: Settings) -> BodyBudget:
-    """This app's budget of body bytes in flight (`core.oip_body.BodyBudget`), made on first use."""
-    state = request.app.state
-    budget: BodyBudget | None = getattr(state, "oip_bodies", None)
-    if budget is None:
-        budget = state.oip_bodies = BodyBudget(BUDGET_BODIES * settings.max_body_bytes)
-    return budget
+    """This app's budget of body bytes in flight (`core.oip_body.BodyBudget`)."""
+    return parts_of(request.app.state).oip_bodies
 
 
 async def _read_body(request: Request, settings: Settings, hold: Hold) -> bytes | bytearray:
@@ -232,17 +231,17 @@ async def _submit(
 
 
 @router.post("/models/{model}/infer", openapi_extra=_BODY)
-async def infer(request: Request, jobs: Jobs, settings: Config, model: str) -> Response:
+async def infer(request: Request, parts: Parts, settings: Config, model: str) -> Response:
     """Infer: JSON tensors, or a JSON header then binary tensors (`Inference-Header-Content-Length`).
     Waits for the result (the `timeout` parameter, else INFERQ_SYNC_WAIT_S)."""
-    return await _infer(request, jobs, settings, model, None)
+    return await _infer(request, parts, settings, model, None)
 
 
 @router.post("/models/{model}/versions/{version}/infer", openapi_extra=_BODY)
 async def version_infer(
-    request: Request, jobs: Jobs, settings: Config, model: str, version: str
+    request: Request, parts: Parts, settings: Config, model: str, version: str
 ) -> Response:
-    return await _infer(request, jobs, settings, model, version)
+    return await _infer(request, parts, settings, model, version)
 
 
 @router.api_route(

@@ -6,21 +6,21 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from inferq.api.responses import FastJSON
-from inferq.api.routes.deps import Batches, Config, Files, Jobs, Tenant
+from inferq.api.routes.deps import Batches, Config, Files, Parts, Tenant
 
 router = APIRouter(prefix="/v1", tags=["usage"])
 
 
 @router.get("/usage")
 async def usage(
-    tenant: Tenant, jobs: Jobs, files: Files, batches: Batches, settings: Config
+    tenant: Tenant, parts: Parts, files: Files, batches: Batches, settings: Config
 ) -> FastJSON:
     """Per served model: items and input bytes queued, webhook deliveries not yet made; the
     tenant's files and running batches; each beside its cap."""
-    cap_items, cap_bytes = jobs.admission.tenant_caps()
+    cap_items, cap_bytes = parts.admission.tenant_caps()
     models = {}
     for name in sorted(settings.served_models):
-        items, size, webhooks = await jobs.queue.tenant_held(name, tenant)
+        items, size, webhooks = await parts.queue.tenant_held(name, tenant)
         models[name] = {
             "queued_items": items,
             "queued_bytes": size,

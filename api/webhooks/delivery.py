@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from inferq.api.webhooks.contract import Delivery, Outcome, attempt_budget_s, backoff_s, delivery_id
@@ -33,7 +33,7 @@ from inferq.api.webhooks.targets import Defer, Targets, Ticket, target_of
 from inferq.shared.errors import CodecError
 from inferq.shared.jobs import decode_published, now_ms
 from inferq.shared.metrics import ApiMetrics
-from inferq.shared.queue import JobQueue
+from inferq.shared.producer import JobProducer
 from inferq.shared.redis_conn import as_str
 from inferq.shared.schema import DeliveryField
 from inferq.shared.settings import Settings
@@ -71,27 +71,34 @@ class Settles(Protocol):
     ) -> bool: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """How a deliverer keeps time: `scheduled(delay_ms)` is told of every retry or deferral
+    put in the retry zset (so the promoter wakes in time), `clock` reads monotonic seconds,
+    `rng` jitters the backoff. Tests pass their own."""
+
+    scheduled: Callable[[int], None] = lambda delay_ms: None
+    clock: Callable[[], float] = time.monotonic
+    rng: random.Random = field(default_factory=random.Random)
+
+
 class Deliverer:
-    """Takes one entry to its settled state (see the module). `scheduled(delay_ms)` is told
-    of every retry or deferral put in the retry zset, so the promoter can wake in time."""
+    """Takes one entry to its settled state (see the module), on the time `pace` keeps."""
 
     def __init__(
         self,
         settings: Settings,
-        queue: JobQueue,
+        queue: JobProducer,
         scripts: Settles,
         consumer: str,
         metrics: ApiMetrics,
         poster: Poster,
-        *,
-        scheduled: Callable[[int], None] = lambda delay_ms: None,
-        clock: Callable[[], float] = time.monotonic,
-        rng: random.Random | None = None,
+        pace: Pace | None = None,
     ) -> None:
         self.settings, self.queue, self.scripts = settings, queue, scripts
         self.consumer, self.metrics, self.poster = consumer, metrics, poster
-        self.scheduled, self.clock = scheduled, clock
-        self._rng = rng or random.Random()
+        pace = pace or Pace()
+        self.scheduled, self.clock, self._rng = pace.scheduled, pace.clock, pace.rng
         self.targets = Targets(
             settings.webhook_per_target,
             settings.webhook_breaker_failures,

@@ -24,18 +24,19 @@ once, and a repeat carries the same `X-Inferq-Delivery`:
 |                                           | (PROMOTE: ZREM+XADD in one script, never twice)        |
 
 A process takes over from the whole group, itself included: a reply lost on a dropped
-connection leaves entries in its own pending list (reliability guide #1). Take-overs are
-counted by Redis (the entry's delivery count); past `delivery.MAX_DELIVERIES` the entry is
-dead-lettered unattempted, so a delivery that kills its deliverer cannot kill them all.
+connection leaves entries in its own pending list, which its `>` reads never return.
+Take-overs are counted by Redis (the entry's delivery count); past `delivery.MAX_DELIVERIES`
+the entry is dead-lettered unattempted, so a delivery that kills its deliverer cannot kill
+them all.
 
 Fairness: at most `INFERQ_WEBHOOK_CONCURRENCY` entries are held (and attempted) at once per
 process, and at most `INFERQ_WEBHOOK_PER_TARGET` of them per target, whose circuit breaker
 stops attempts to a target that keeps failing (`webhooks.targets`). An entry whose target
 cannot take it now is deferred, not waited for, so a tarpit holds a few slots, not all.
 
-Both loops outlive every error: each is counted in
-`inferq_background_errors_total{loop="webhooks_read"|"webhooks_upkeep"}`, logged, and
-followed by a backoff.
+Both loops outlive every error (`inferq.shared.supervise`, policy SURVIVE): each is counted
+in `inferq_background_errors_total{loop="webhooks_read"|"webhooks_upkeep"}`, logged once per
+streak, and followed by a backoff.
 
 What happens to one entry is `webhooks.delivery.Deliverer`; the scripts and the plain
 stream calls live in `webhooks.store`; one attempt (the POST) in `webhooks.poster.Poster`,
@@ -57,7 +58,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from inferq.api.webhooks.contract import attempt_budget_s, enabled
-from inferq.api.webhooks.delivery import Deliverer
+from inferq.api.webhooks.delivery import Deliverer, Pace
 from inferq.api.webhooks.poster import Poster
 from inferq.api.webhooks.store import (
     BLOCK_MS,
@@ -72,10 +73,10 @@ from inferq.api.webhooks.store import (
 from inferq.shared import keys
 from inferq.shared.errors import QueueUnavailable
 from inferq.shared.metrics import ApiMetrics
-from inferq.shared.queue import JobQueue
+from inferq.shared.producer import JobProducer
 from inferq.shared.redis_conn import as_str, unavailable
-from inferq.shared.retry import Backoff
 from inferq.shared.settings import Settings
+from inferq.shared.supervise import SURVIVE, Supervisor
 
 log = logging.getLogger("inferq.api.webhooks")
 
@@ -101,7 +102,7 @@ class Dispatcher:
     def __init__(
         self,
         settings: Settings,
-        queue: JobQueue,
+        queue: JobProducer,
         blocking: Redis,
         metrics: ApiMetrics,
         *,
@@ -129,18 +130,24 @@ class Dispatcher:
             self.consumer,
             metrics,
             self.poster,
-            scheduled=self._scheduled,
-            clock=self._clock,
+            Pace(scheduled=self._scheduled, clock=self._clock),
         )
         self._loops: list[asyncio.Task[None]] = []
         self._inflight: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()  # a retry is due before the promoter's next pass
         self._promote_at = 0.0  # when the promoter's next pass is (by `_clock`)
+        self._next_forget = 0.0  # when the upkeep next forgets idle consumers (by `_clock`)
+        self._next_claim = 0.0  # when the read loop next takes over stale entries (loop time)
+        self._grouped = False  # the read loop has made sure the group exists
         self._stopping = False
 
     @classmethod
     def launch(
-        cls, settings: Settings, queue: JobQueue, metrics: ApiMetrics, blocking: Callable[[], Redis]
+        cls,
+        settings: Settings,
+        queue: JobProducer,
+        metrics: ApiMetrics,
+        blocking: Callable[[], Redis],
     ) -> Dispatcher | None:
         """A started dispatcher, or None when no signing key is set (no job can carry a
         webhook then, since submit refuses them)."""
@@ -151,9 +158,14 @@ class Dispatcher:
         return dispatcher
 
     def start(self) -> None:
+        errors, running = self.metrics.background_errors, self._running
+        reads = Supervisor("webhooks_read", SURVIVE, errors)
+        # A failed upkeep pass waits as a pass does: a retry falling due sooner wakes it.
+        upkeep = Supervisor("webhooks_upkeep", SURVIVE, errors, sleep=self._nap)
+        self._next_forget = self._clock() + FORGET_EVERY_S
         self._loops = [
-            asyncio.create_task(self._read_loop(), name="webhooks-read"),
-            asyncio.create_task(self._upkeep_loop(), name="webhooks-upkeep"),
+            asyncio.create_task(reads.run(self._read_once, running), name="webhooks-read"),
+            asyncio.create_task(upkeep.run(self._upkeep_once, running), name="webhooks-upkeep"),
         ]
         for task in self._loops:
             task.add_done_callback(self._loop_ended)
@@ -211,37 +223,34 @@ class Dispatcher:
             await ensure_group(self.redis, self.shards)  # flushed or evicted; read again
             return []
 
-    async def _read_loop(self) -> None:
-        """Take free slots; fill them with stale entries (take-over, when due) and then with
-        new ones. Holding the slots while blocked is what bounds in-flight entries."""
-        backoff = Backoff()
+    def _running(self) -> bool:
+        return not self._stopping
+
+    async def _read_once(self) -> None:
+        """One pass of the read loop: take free slots; fill them with stale entries
+        (take-over, when due) and then with new ones. Holding the slots while blocked is what
+        bounds in-flight entries; those left unfilled are given back, failure or not."""
         clock = asyncio.get_running_loop().time
-        next_claim = clock()
-        grouped = False
-        while not self._stopping:
-            n = await self._take_slots()
-            error: Exception | None = None
-            try:
-                if not grouped:
-                    await ensure_group(self.redis, self.shards)
-                    grouped = True
-                if clock() >= next_claim:
-                    next_claim = clock() + self._claim_every_s
-                    n -= await self._take_over(n)
-                if n:
-                    for shard, entry in await self._read(n):
-                        # One past the slots taken (see `Reader.read`) runs without a slot
-                        # rather than wait for one while pending: waiting risks a take-over.
-                        self._spawn(shard, entry, slot=n > 0)
-                        n = max(0, n - 1)
-                backoff.reset()
-            except Exception as e:  # the loop's boundary: it must outlive any one failure
-                error = e
+        n = await self._take_slots()
+        try:
+            if not self._grouped:
+                await ensure_group(self.redis, self.shards)
+                self._grouped = True
+            if clock() >= self._next_claim:
+                self._next_claim = clock() + self._claim_every_s
+                n -= await self._take_over(n)
+            if n:
+                for shard, entry in await self._read(n):
+                    # One past the slots taken (see `Reader.read`) runs without a slot
+                    # rather than wait for one while pending: waiting risks a take-over.
+                    self._spawn(shard, entry, slot=n > 0)
+                    n = max(0, n - 1)
+        except Exception as e:  # its supervisor counts it and backs off
+            if "NOGROUP" in str(e):
+                self._grouped = False  # flushed: create it again
+            raise
+        finally:
             self._give_slots(n)
-            if error is not None:
-                grouped = grouped and "NOGROUP" not in str(error)  # flushed: create it again
-                self._failed("webhooks_read", error)
-                await asyncio.sleep(backoff.next())
 
     async def _take_over(self, n: int) -> int:
         """Start up to `n` stale entries (a dead or wedged process's); how many it started."""
@@ -280,30 +289,27 @@ class Dispatcher:
                 ):
                     await self.scripts.forget(shard, name)
 
-    async def _upkeep_loop(self) -> None:
-        backoff = Backoff()
+    async def _upkeep_once(self) -> None:
+        """One pass of the upkeep loop, then its wait. A failure (NOGROUP too: the read loop
+        recreates the group) goes to its supervisor, which waits its backoff with `_nap`."""
         clock = self._clock
-        next_forget = clock() + FORGET_EVERY_S
-        while not self._stopping:
-            # While promoting, a retry due within a tick may be missed by this pass: it wakes
-            # us again. One due later is seen by the next pass, at most a tick from now.
-            self._promote_at = clock() + MAX_TICK_S
-            self._wake.clear()
-            try:
-                wait_s = await self._promote_due()
-                if clock() >= next_forget:
-                    await self._forget_idle_consumers()
-                    next_forget = clock() + FORGET_EVERY_S
-                self.deliverer.targets.sweep(clock())
-                backoff.reset()
-            except Exception as e:  # the loop's boundary: it must outlive any one failure
-                # (NOGROUP too: the read loop recreates the group; this one backs off.)
-                self._failed("webhooks_upkeep", e)
-                wait_s = backoff.next()
-            wait_s = max(wait_s, 0.005)
-            self._promote_at = clock() + wait_s
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait_s)
+        # While promoting, a retry due within a tick may be missed by this pass: it wakes
+        # us again. One due later is seen by the next pass, at most a tick from now.
+        self._promote_at = clock() + MAX_TICK_S
+        self._wake.clear()
+        wait_s = await self._promote_due()
+        if clock() >= self._next_forget:
+            await self._forget_idle_consumers()
+            self._next_forget = clock() + FORGET_EVERY_S
+        self.deliverer.targets.sweep(clock())
+        await self._nap(wait_s)
+
+    async def _nap(self, wait_s: float) -> None:
+        """Wait `wait_s` (at least 5 ms), or less if a retry falls due sooner (`_scheduled`)."""
+        wait_s = max(wait_s, 0.005)
+        self._promote_at = self._clock() + wait_s
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), wait_s)
 
     # --- one delivery (what happens to it: `webhooks.delivery`) ---
 
@@ -330,11 +336,3 @@ class Dispatcher:
         if not self._stopping:
             error = None if task.cancelled() else task.exception()
             log.error("webhooks: loop %s ended before stop", task.get_name(), exc_info=error)
-
-    def _failed(self, loop: str, e: Exception) -> None:
-        """A loop survived `e`: counted and logged (with a traceback unless Redis was away)."""
-        self.metrics.background_errors.labels(loop=loop).inc()
-        if isinstance(e, QueueUnavailable):
-            log.warning("%s: %s", loop, e)
-        else:
-            log.error("%s failed; backing off", loop, exc_info=e)

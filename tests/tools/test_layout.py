@@ -106,6 +106,52 @@ def test_the_fmt_skip_check_can_fail(tmp_path: Path) -> None:
     assert _fmt_skips_outside_tables(f) == [2]
 
 
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle in `graph` (as a path that ends where it starts), or None."""
+    state: dict[str, int] = {}  # 1 visiting, 2 done
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return [*stack[stack.index(m) :], m]
+            if m not in state and (found := visit(m)) is not None:
+                return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (found := visit(n)) is not None:
+            return found
+    return None
+
+
+def _package(name: str) -> str:
+    """The package a module sits in (a package's `__init__` is the package itself)."""
+    path = MODULES[name]
+    return name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+
+
+def test_no_package_cycles() -> None:
+    """Packages import each other one way too (api.core ← api.webhooks, api.batches; never
+    back): two packages that import each other are one package a reader must hold at once."""
+    packages: dict[str, set[str]] = {}
+    for name, deps in GRAPH.items():
+        mine = _package(name)
+        packages.setdefault(mine, set()).update(
+            p for d in deps if (p := _package(d)) != mine and not _under(mine, p)
+        )
+    assert _cycle(packages) is None, " -> ".join(_cycle(packages) or [])
+
+
+def test_the_cycle_check_can_fail() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
 def test_no_import_cycles() -> None:
     state: dict[str, int] = {}  # 1 visiting, 2 done
     stack: list[str] = []
@@ -153,6 +199,13 @@ def _violations() -> list[str]:
                         for ok in ("inferq.api.core", "inferq.api.batches", "inferq.api.webhooks")
                     )
                 ]
+        # The job pipeline stands alone: the background subsystems build on it, never back.
+        if _under(name, "inferq.api.core"):
+            out += [
+                f"{name} → {d}"
+                for d in deps
+                if _under(d, "inferq.api.webhooks") or _under(d, "inferq.api.batches")
+            ]
         # The batch policy is pure: the standard library and itself only.
         if _under(name, "inferq.worker.policy"):
             outside = _third_party(name) - set(sys.stdlib_module_names) - {"__future__"}
@@ -163,8 +216,8 @@ def _violations() -> list[str]:
 
 def test_each_layer_imports_only_what_it_may() -> None:
     """shared → shared only; api and worker never import each other; only the app imports
-    routes; core, batches and webhooks never import FastAPI nor the app wiring; the worker's
-    policy is the standard library only."""
+    routes; core, batches and webhooks never import FastAPI nor the app wiring, and core
+    neither of the other two; the worker's policy is the standard library only."""
     assert not _violations()
 
 

@@ -134,15 +134,16 @@ class _Meter:
 def run_probes(
     model: Any,
     meter: _Meter,
-    lengths: Sequence[int],
-    batch_sizes: Sequence[int],
+    grid: tuple[Sequence[int], Sequence[int]],
     *,
     repeats: int,
     max_tokens: int,
     time_limit_s: float,
     progress: Callable[[Sequence[Any]], Any] = lambda xs: xs,
 ) -> list[Probe]:
-    """Run every (length, batch) with padded ≤ max_tokens, ascending; stop at OOM or time."""
+    """Run every (length, batch) of `grid` (lengths, batch sizes) with padded ≤ max_tokens,
+    ascending; stop at OOM or time."""
+    lengths, batch_sizes = grid
     from inferq.worker.models.base import DeviceOutOfMemory
 
     payloads = {n: _payload_for_cost(model, n) for n in lengths}
@@ -249,8 +250,7 @@ def calibrate(settings: Settings, args: CalibrateOptions) -> tuple[Calibration, 
     probes = run_probes(
         model,
         meter,
-        lengths,
-        args.batch_sizes or sizes,
+        (lengths, args.batch_sizes or sizes),
         repeats=max(1, args.repeats),
         max_tokens=args.max_tokens or _MAX_TOKENS[kind],
         time_limit_s=args.time_limit_s,

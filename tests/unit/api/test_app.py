@@ -28,8 +28,7 @@ def test_get_reads_a_finished_job(client) -> None:  # type: ignore[no-untyped-de
         Status.SUCCEEDED,
         finished_ms=job.created_ms + 3,
         outputs=np.ones((2, 4), np.float32),
-        batch_size=2,
-        batch_tokens=2,
+        batch=(2, 2),
     )
     c.portal.call(lambda: fake.hset(keys.job("j1"), mapping=fields))  # type: ignore[attr-defined]
     r = c.get("/v1/jobs/j1")

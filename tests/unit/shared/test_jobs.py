@@ -39,7 +39,7 @@ def test_submit_then_final_roundtrip_keeps_float32_bytes() -> None:
     assert msgpack.unpackb(fields["v"]) == SCHEMA_VERSION
     out = np.arange(8, dtype=np.float32).reshape(2, 4) / 3
     fields |= encode_final(
-        Status.SUCCEEDED, finished_ms=job.created_ms + 9, outputs=out, batch_size=2, batch_tokens=6
+        Status.SUCCEEDED, finished_ms=job.created_ms + 9, outputs=out, batch=(2, 6)
     )
     back = _roundtrip(fields)
     assert back.status is Status.SUCCEEDED and back.inputs == ["x", "yé"] and back.tenant == "t1"

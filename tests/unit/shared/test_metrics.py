@@ -40,6 +40,7 @@ WORKER = {
     "inferq_batch_splits": ("counter", set()),
     "inferq_token_ceiling": ("gauge", set()),
     "inferq_device_memory_bytes": ("gauge", {"kind"}),
+    "inferq_background_errors": ("counter", {"loop"}),
 }
 # What a scrape shows: counters gain `_total`. The integration tests pin the same names.
 API_EXPOSED = frozenset(
@@ -69,6 +70,7 @@ WORKER_EXPOSED = frozenset({
     "inferq_batch_splits_total",
     "inferq_token_ceiling",
     "inferq_device_memory_bytes",
+    "inferq_background_errors_total",
 })  # fmt: skip
 EXPOSED = API_EXPOSED | WORKER_EXPOSED
 
@@ -96,6 +98,7 @@ def _observe_everything() -> tuple[CollectorRegistry, CollectorRegistry]:
     w.batch_splits.inc()
     w.token_ceiling.set(8192)
     w.set_device_memory(allocated=1, reserved=2, total=3, footprint=4, budget=5)
+    w.background_errors.labels(loop="heartbeat").inc()
     return a.registry, w.registry
 
 

@@ -12,7 +12,8 @@ from redis.crc import key_slot
 
 from inferq.shared import keys
 from inferq.shared.jobs import Job, new_job_id
-from inferq.shared.queue import Entry, Final, JobQueue
+from inferq.shared.queue import Entry, Final, Idempotency
+from tests.queues import JobQueue
 
 SHARDS = 3
 
@@ -62,8 +63,8 @@ def test_every_script_call_stays_in_one_slot(spied: tuple[JobQueue, list[Any]]) 
 
     async def run() -> None:
         for j in jobs:
-            await q.submit(j, idempotency_key="k" + j.id)
-            await q.record_cached(j, {"status": b"x"}, idempotency_key="k" + j.id)
+            await q.submit(j, idempotency=Idempotency("k" + j.id))
+            await q.record_cached(j, {"status": b"x"}, idempotency=Idempotency("k" + j.id))
         ids = [j.id for j in jobs]
         await q.claim(ids, 1)
         await q.claim(ids, 1, start_limit=3)

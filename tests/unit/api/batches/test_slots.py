@@ -24,6 +24,7 @@ from inferq.api.batches.store import BatchStore, output_ids
 from inferq.shared import keys, lua
 from inferq.shared.errors import JobConflict, JobNotFound
 from inferq.shared.lua import batches as bs
+from inferq.shared.metrics import api_metrics
 
 TTL_S = 3600
 EP = "/v1/embeddings"
@@ -235,6 +236,6 @@ async def test_what_a_crash_between_steps_leaves_is_cleaned_up(spy: Spy) -> None
         await files.delete(src.id, "t")
     await r.srem(keys.BATCHES_ACTIVE, running)
     await files.delete(src.id, "t")
-    runner = BatchLeases(store, files, jobs=None, metrics=None)  # type: ignore[arg-type]
+    runner = BatchLeases(store, files, jobs=None, metrics=api_metrics())  # type: ignore[arg-type]
     await runner._work(ended)
     assert await store.active() == []

@@ -9,14 +9,19 @@ import fakeredis
 import pytest
 
 from inferq.api.core import notifier as notifier_module
+from inferq.api.core.admission import Admission
+from inferq.api.core.cache import ResultCache
+from inferq.api.core.catalog import ModelCatalog
 from inferq.api.core.notifier import Notifier
-from inferq.api.core.service import JobService
+from inferq.api.core.redis_memory import RedisMemory
+from inferq.api.core.service import Checks, JobService
+from inferq.api.webhooks.contract import submit_target
 from inferq.shared import keys
 from inferq.shared.jobs import Job, Status, encode_final, encode_submit
 from inferq.shared.metrics import api_metrics
-from inferq.shared.queue import JobQueue
 from inferq.shared.registry import WorkerRegistry
 from inferq.shared.settings import Settings
+from tests.queues import JobQueue
 
 
 @pytest.fixture
@@ -64,9 +69,15 @@ async def test_wait_after_submit_skips_the_first_read(
     parts: tuple[Notifier, fakeredis.FakeAsyncRedis],
 ) -> None:
     n, r = parts
-    service = JobService(
-        Settings(_env_file=None), JobQueue(r, result_ttl_s=60), WorkerRegistry(r), n, api_metrics()
+    settings, metrics = Settings(_env_file=None), api_metrics()
+    checks = Checks(
+        catalog=ModelCatalog(settings, WorkerRegistry(r)),
+        admission=Admission(settings.max_queue, settings.max_queue_bytes),
+        cache=ResultCache(settings, r),
+        memory=RedisMemory(r, settings.redis_memory_high_water, metrics),
+        webhook_target=submit_target,
     )
+    service = JobService(settings, JobQueue(r, result_ttl_s=60), n, metrics, checks)
     reads: list[str] = []
     real_get = service.get
 

@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from inferq.api.core.oip_body import MAX_INFLATE_RATIO, BodyBudget, inflate
+from inferq.api.parts import parts_of
 from inferq.shared.errors import InputInvalid, InputTooLarge, Overloaded
 from tests.unit.api.conftest import MakeApp
 
@@ -132,7 +133,7 @@ def test_the_route_answers_a_full_budget_429_and_a_bomb_413(make_app: MakeApp) -
     bomb = gzip.compress(bytes(4 * MiB), 9)
     r = c.post(url, content=bomb, headers={"content-encoding": "gzip"})
     assert r.status_code == 413 and f"{MAX_INFLATE_RATIO}:1" in r.json()["error"], r.text
-    budget: BodyBudget = c.app.state.oip_bodies  # type: ignore[attr-defined]
+    budget: BodyBudget = parts_of(c.app.state).oip_bodies  # type: ignore[attr-defined]
     assert budget.capacity_bytes == 16 * MiB and budget.held_bytes == 0
     packed, headers = _gzipped_infer(2 * MiB)
     with budget.hold() as others:

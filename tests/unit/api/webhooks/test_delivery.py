@@ -19,16 +19,16 @@ import pytest
 
 from inferq.api.webhooks import store
 from inferq.api.webhooks.contract import Delivery, body_of
-from inferq.api.webhooks.delivery import Deliverer
+from inferq.api.webhooks.delivery import Deliverer, Pace
 from inferq.api.webhooks.dispatcher import Dispatcher
 from inferq.api.webhooks.poster import Poster
 from inferq.api.webhooks.targets import Ticket, target_of
 from inferq.shared import keys
 from inferq.shared.jobs import Job, Status, encode_final, encode_submit, now_ms, pack_field
 from inferq.shared.metrics import ApiMetrics, api_metrics
-from inferq.shared.queue import JobQueue
 from inferq.shared.schema import JobField
 from inferq.shared.settings import Settings
+from tests.queues import JobQueue
 
 SECRET = "s3cret-for-tests"
 URL = "https://93.184.216.34/hook"  # an IP literal: no lookup
@@ -124,9 +124,7 @@ class Rig:
             "me",
             self.metrics,
             self.poster,
-            scheduled=self.scheduled.append,
-            clock=self.clock,
-            rng=random.Random(3),
+            Pace(scheduled=self.scheduled.append, clock=self.clock, rng=random.Random(3)),
         )
 
     async def handle(self, fields: dict[bytes, bytes], times: int = 1) -> None:

@@ -33,8 +33,8 @@ from inferq.api.webhooks.poster import Poster
 from inferq.shared.errors import CodecError, InputInvalid
 from inferq.shared.jobs import ErrorCode, Job, JobError, Status
 from inferq.shared.metrics import api_metrics
-from inferq.shared.queue import JobQueue
 from inferq.shared.settings import Settings
+from tests.queues import JobQueue
 from tests.unit.api.conftest import MakeApp
 
 SECRET = "s3cret-for-tests"

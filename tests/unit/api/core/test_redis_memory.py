@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from redis.exceptions import OutOfMemoryError, ResponseError
 
-from inferq.api.core.pressure import (
+from inferq.api.core.redis_memory import (
     IN_FLIGHT_WEIGHT,
     NEAR_TTL_S,
     REFUSAL_READY_S,
