@@ -37,14 +37,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
-from pydantic import ValidationError
 
 from inferq.api.core import embeddings
 from inferq.api.core.catalog import ModelCatalog
+from inferq.api.core.decode import InvalidBody, JobBody, job_body
 from inferq.api.core.embeddings import Answer
-from inferq.api.core.errors import job_failure, request_error, validation_message
+from inferq.api.core.errors import job_failure, request_error
 from inferq.api.core.inputs import json_values
-from inferq.api.core.schemas import InferRequest
 from inferq.api.core.service import Submission
 from inferq.api.core.views import error_body, job_view
 from inferq.shared.errors import InputInvalid, RequestError
@@ -219,37 +218,43 @@ class Embeddings:
 
 
 class Infer:
-    """POST /v1/infer (`inferq.api.routes.jobs`), JSON bodies: the job's view, with the status
-    of its error code when it failed. `wait` does not apply; a line cannot ask for a
-    webhook (one delivery per line of a 50,000-line batch is not what anyone wants)."""
+    """POST /v1/infer (`inferq.api.routes.jobs`), JSON bodies, read by the route's own decoder
+    (`core.decode.job_body`): the job's view, with the status of its error code when it
+    failed. `wait` does not apply; a line cannot ask for a webhook (one delivery per line of
+    a 50,000-line batch is not what anyone wants)."""
 
-    def parse(self, body: bytes) -> InferRequest | Answer:
+    def parse(self, body: bytes) -> JobBody | Answer:
         try:
-            req = InferRequest.model_validate_json(body)
-        except ValidationError as e:
-            message, detail = validation_message(list(e.errors()))  # type: ignore[arg-type]
-            return Answer(422, error_body("invalid_request", message) | {"detail": detail})
+            req = job_body(body, infer=True)
+        except InvalidBody as e:  # as the route answers it (`handlers.error_response`)
+            return Answer(422, error_body("invalid_request", str(e)) | {"detail": e.detail})
         if req.webhook is not None:
             return Answer(
                 422, error_body("invalid_request", "'webhook' is not supported in a batch line")
             )
         return req
 
-    async def bind(self, req: InferRequest, catalog: ModelCatalog) -> InferRequest:
+    async def bind(self, req: JobBody, catalog: ModelCatalog) -> JobBody:
         return req  # the submission checks everything /v1/infer checks
 
-    def submission(self, req: InferRequest, tenant: str, **fields: Any) -> Submission:
+    def submission(self, req: JobBody, tenant: str, **fields: Any) -> Submission:
         if req.timeout_s is not None:  # the line's own deadline, if it is the sooner one
             fields["timeout_s"] = min(req.timeout_s, fields.get("timeout_s") or req.timeout_s)
         return Submission(
-            items=req.items(), model=req.model, tenant=tenant, parameters=req.parameters, **fields
+            items=req.items,
+            model=req.model,
+            tenant=tenant,
+            parameters=req.parameters,
+            metadata=req.metadata,
+            result_ttl_s=req.result_ttl_s,
+            **fields,
         )
 
     def refusal(self, e: RequestError) -> Answer:
         status, code = request_error(e)
         return Answer(status, error_body(code, str(e)))
 
-    def answer(self, req: InferRequest, job: Job) -> Answer:
+    def answer(self, req: JobBody, job: Job) -> Answer:
         ok = job.status is Status.SUCCEEDED
         status = 200 if ok else job_failure(job.error and job.error.code)[0]
         return Answer(status, job_view(job))

@@ -1,5 +1,5 @@
 """The Open Inference Protocol's infer request (KServe v2 / Triton, REST) without HTTP: the
-body (a JSON header, then binary tensors) → `InferRequest` → an inferq `Submission`.
+body (a JSON header, then binary tensors) → `OipRequest` → an inferq `Submission`.
 
 The body: with an `Inference-Header-Content-Length` header, that many bytes of JSON, then
 the inputs' binary data back to back, each `parameters.binary_data_size` long, in input
@@ -92,7 +92,7 @@ class Output:
 
 
 @dataclass(slots=True)
-class InferRequest:
+class OipRequest:
     id: str | None
     inputs: list[Tensor]
     outputs: list[Output] | None  # None: every output
@@ -127,7 +127,7 @@ def parse_infer(
     header_length: str | None,
     settings: Settings,
     max_tensors: int = MAX_TENSORS,
-) -> InferRequest:
+) -> OipRequest:
     """An infer request's body, decoded and checked against the limits (not yet against a
     model: `submission` does that). `max_tensors`: the inputs (and the outputs) a request
     may name, counted before any is decoded; the protocol allows many, an inferq job one."""
@@ -143,7 +143,7 @@ def parse_infer(
     if rid is not None and not isinstance(rid, str):
         raise InputInvalid("id must be a string")
     inputs = _inputs(doc.get("inputs"), binary, settings, max_tensors)
-    req = InferRequest(rid, inputs, _outputs(doc, max_tensors))
+    req = OipRequest(rid, inputs, _outputs(doc, max_tensors))
     _policy(req, _object(doc.get("parameters"), "parameters"))
     return req
 
@@ -174,7 +174,7 @@ def _uint(params: dict[str, Any], key: str) -> int:
     return value
 
 
-def _policy(req: InferRequest, params: dict[str, Any]) -> None:
+def _policy(req: OipRequest, params: dict[str, Any]) -> None:
     """The request's own parameters (schedule policy, binary output) out of `params`; what
     is left is the model's."""
     params = dict(params)
@@ -304,7 +304,7 @@ def _outputs(doc: dict[str, Any], max_tensors: int) -> list[Output] | None:
 
 # --- the request as a job ---
 def submission(
-    req: InferRequest,
+    req: OipRequest,
     model: str,
     info: ModelInfo | None,
     tenant: str,

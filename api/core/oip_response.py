@@ -27,7 +27,7 @@ import orjson
 
 from inferq.api.core.errors import job_failure, request_error, retry_headers
 from inferq.api.core.idempotency import KeyReused
-from inferq.api.core.oip import InferRequest
+from inferq.api.core.oip import OipRequest
 from inferq.api.core.oip_metadata import VERSION, output_kind, output_name
 from inferq.api.core.oip_tensors import BYTES, Values, to_binary, to_json
 from inferq.shared.errors import CodecError, QueueUnavailable, RedisFull, RequestError
@@ -101,7 +101,7 @@ def late(job: Job, wait_s: float, *, cancelled: bool = True) -> Reply:
     )
 
 
-def infer_reply(req: InferRequest, job: Job, info: ModelInfo | None) -> Reply:
+def infer_reply(req: OipRequest, job: Job, info: ModelInfo | None) -> Reply:
     """What the infer call answers for a final job: its output (200) or why it failed."""
     if job.status is not Status.SUCCEEDED or job.outputs is None:
         code = job.error.code if job.error else None

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, Request, Response
 
-from inferq.api.core.oip import InferRequest, check_version, parse_infer, submission
+from inferq.api.core.oip import OipRequest, check_version, parse_infer, submission
 from inferq.api.core.oip_body import BodyBudget, Hold, inflate
 from inferq.api.core.oip_metadata import model_metadata, server_metadata
 from inferq.api.core.oip_response import (
@@ -215,7 +215,7 @@ async def _submit(
     info: ModelInfo | None,
     tenant: str,
     key: str | None,
-) -> tuple[InferRequest, Job, bool]:
+) -> tuple[OipRequest, Job, bool]:
     """Read, parse and submit the request: (the request without its tensors, its job, whether
     this request created it). The body's bytes are held against the budget until the job is
     in Redis, and nothing refers to them once this returns."""

@@ -18,8 +18,8 @@ from inferq.api.batches import lines as bl
 from inferq.api.batches.files import FileRecord, FileStore
 from inferq.api.batches.store import BatchRecord, output_ids
 from inferq.api.core import embeddings
+from inferq.api.core.decode import JobBody
 from inferq.api.core.embeddings import Answer, EmbeddingsRequest
-from inferq.api.core.schemas import InferRequest
 from inferq.api.middleware import FRAMING_BYTES, UploadLimit
 from inferq.api.responses import FastJSON
 from inferq.shared import keys
@@ -193,7 +193,7 @@ def test_infer_endpoint() -> None:
     hook = ep.parse(b'{"input": "a", "webhook": {"url": "https://example.com/h"}}')
     assert isinstance(hook, Answer) and "webhook" in hook.body["error"]["message"]
     req = ep.parse(b'{"inputs": ["a"], "priority": "high", "timeout_s": 5, "parameters": {}}')
-    assert isinstance(req, InferRequest)
+    assert isinstance(req, JobBody)
     sub = ep.submission(req, "t", priority="low", idempotency_key="k", timeout_s=60.0)
     assert (
         sub.priority == "low" and sub.timeout_s == 5

@@ -15,7 +15,7 @@ import pytest
 import tritonclient.http as triton
 
 from inferq.api.core.inputs import wire_inputs
-from inferq.api.core.oip import InferRequest, Output, check_version, parse_infer, submission
+from inferq.api.core.oip import OipRequest, Output, check_version, parse_infer, submission
 from inferq.api.core.oip_body import inflate, split_body
 from inferq.api.core.oip_tensors import pack_bytes
 from inferq.shared.errors import InputInvalid, InputTooLarge, ModelNotServed
@@ -33,11 +33,11 @@ def _tensor(name: str, datatype: str, shape: list[int], **rest: Any) -> dict[str
     return {"name": name, "datatype": datatype, "shape": shape, **rest}
 
 
-def _json(*inputs: dict[str, Any], settings: Settings = SETTINGS, **doc: Any) -> InferRequest:
+def _json(*inputs: dict[str, Any], settings: Settings = SETTINGS, **doc: Any) -> OipRequest:
     return parse_infer(orjson.dumps({"inputs": list(inputs), **doc}), None, settings, MANY)
 
 
-def _binary(inputs: list[dict[str, Any]], data: bytes, **doc: Any) -> InferRequest:
+def _binary(inputs: list[dict[str, Any]], data: bytes, **doc: Any) -> OipRequest:
     header = orjson.dumps({"inputs": inputs, **doc})
     return parse_infer(header + data, str(len(header)), SETTINGS, MANY)
 
@@ -218,11 +218,11 @@ def test_one_version_per_model() -> None:
 
 
 # --- the request as a job ---
-def _sub(req: InferRequest, info: ModelInfo | None, model: str = "m") -> Any:
+def _sub(req: OipRequest, info: ModelInfo | None, model: str = "m") -> Any:
     return submission(req, model, info, "acme", "key-1")
 
 
-def _text_request(elements: list[bytes]) -> InferRequest:
+def _text_request(elements: list[bytes]) -> OipRequest:
     raw = pack_bytes(elements)
     spec = _tensor("text", "BYTES", [len(elements), 1], parameters={"binary_data_size": len(raw)})
     return _binary([spec], raw)

@@ -11,7 +11,7 @@ import orjson
 import pytest
 import tritonclient.http as triton
 
-from inferq.api.core.oip import InferRequest, Output
+from inferq.api.core.oip import OipRequest, Output
 from inferq.api.core.oip_metadata import model_metadata, server_metadata
 from inferq.api.core.oip_response import Reply, infer_reply, late, output_tensor, refusal
 from inferq.shared.errors import (
@@ -43,8 +43,8 @@ def _job(outputs: Any, status: Status = Status.SUCCEEDED, error: JobError | None
     return Job(id="j1", model="m", inputs=[], status=status, outputs=outputs, error=error)
 
 
-def _request(outputs: list[Output] | None = None, binary: bool = False) -> InferRequest:
-    return InferRequest(id="r-7", inputs=[], outputs=outputs, binary_output=binary)
+def _request(outputs: list[Output] | None = None, binary: bool = False) -> OipRequest:
+    return OipRequest(id="r-7", inputs=[], outputs=outputs, binary_output=binary)
 
 
 def _read(reply: Reply) -> triton.InferResult:
@@ -75,7 +75,7 @@ def test_vectors_in_json_and_in_binary_read_by_the_client() -> None:
     )
     assert "Inference-Header-Content-Length" not in reply.headers
     assert "id" not in orjson.loads(
-        infer_reply(InferRequest(None, [], None), _job(vectors), VECTOR).body
+        infer_reply(OipRequest(None, [], None), _job(vectors), VECTOR).body
     )
 
 
