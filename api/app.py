@@ -58,6 +58,7 @@ from inferq.api.routes.fast import FastPath, is_hot
 from inferq.api.webhooks.contract import check_settings as check_webhook_settings
 from inferq.api.webhooks.contract import submit_target
 from inferq.api.webhooks.dispatcher import Dispatcher
+from inferq.shared.heap import freeze_startup
 from inferq.shared.metrics import ApiMetrics, api_metrics
 from inferq.shared.producer import JobProducer
 from inferq.shared.redis_conn import api_client, pubsub_client, sibling
@@ -143,7 +144,12 @@ def create_app(settings: Settings, *, redis: Redis | None = None) -> FastAPI:
         app.state.parts = parts = _build(settings, conns, notifier, metrics, api_keys, admin_keys)
         await parts.leases.start()
         webhooks = Dispatcher.launch(settings, parts.queue, metrics, conns.blocking)
-        log.info("api ready: models=%s", ",".join(sorted(settings.served_models)))
+        frozen = freeze_startup()  # full collections walk requests' objects only (shared.heap)
+        log.info(
+            "api ready: models=%s (%d startup objects frozen)",
+            ",".join(sorted(settings.served_models)),
+            frozen,
+        )
         if not api_keys:
             log.warning("INFERQ_API_KEYS is not set: the API is open to anyone who can reach it")
         try:

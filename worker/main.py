@@ -12,6 +12,7 @@ import time
 
 from prometheus_client import start_http_server
 
+from inferq.shared.heap import freeze_startup
 from inferq.shared.logs import setup_logging
 from inferq.shared.metrics import worker_metrics
 from inferq.shared.redis_conn import worker_client
@@ -95,6 +96,8 @@ async def serve(
         budget_bytes=bound.share_bytes if bound is not None else 0,
     )
     worker = build_worker(settings, model, model_name, redis, plan, metrics=metrics)
+    # The model is loaded and the worker built: collections walk batches' objects only.
+    log.debug("%d startup objects frozen", freeze_startup())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
