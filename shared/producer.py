@@ -18,6 +18,8 @@ from inferq.shared.redis_conn import as_str, unavailable
 from inferq.shared.replicas import call_and_wait
 from inferq.shared.schema import JobField
 
+_NO_KEY = Idempotency("")  # a submit without an Idempotency-Key: built once, not per call
+
 
 def _entry_ms(entry_id: bytes | str) -> int:
     """Milliseconds part of a stream entry id `<ms>-<seq>`."""
@@ -50,7 +52,7 @@ class JobProducer(QueueClient):
         `depth` of a refusal: what its cap counts (the shard's, or the tenant's on it)."""
         size = sum(input_bytes(v) for v in job.inputs)
         argv: list[bytes | str | int] = [job.id, len(job.inputs), max_queue]
-        idem = idempotency or Idempotency("")
+        idem = idempotency or _NO_KEY
         argv += [idem.ttl_s, size, max_bytes, *tenant_caps, idem.fingerprint, job.created_ms]
         for k, v in encode_submit(job).items():
             argv += [k, v]
@@ -93,7 +95,7 @@ class JobProducer(QueueClient):
         """Record a job that is final at birth (answered from the result cache): never queued,
         never counted against admission; idempotency and webhooks as for any job."""
         ttl = job.result_ttl_s or self.result_ttl_s
-        idem = idempotency or Idempotency("")
+        idem = idempotency or _NO_KEY
         argv: list[bytes | str | int] = [job.id, ttl, idem.ttl_s, idem.fingerprint, job.created_ms]
         for k, v in fields.items():
             if k != JobField.INPUTS or self.keep_inputs:
