@@ -76,6 +76,17 @@ def test_jobs_spread_over_shards_and_long_poll_on_a_cluster(cstack: Stack) -> No
         # Everything final released its admission counts on every shard.
         wait_for(lambda: all(int(cstack.r.get(keys.queued_items("echo", s, SHARDS)) or 0) == 0
                              for s in range(SHARDS)), 10, "counters back to 0")  # fmt: skip
+        # GET /v1/jobs merges the three shards' indexes (three masters), page by page.
+        listed: list[str] = []
+        after: str | None = None
+        while True:
+            page = c.get("/v1/jobs", params={"limit": 7, **({"after": after} if after else {})})
+            assert page.status_code == 200, page.text
+            listed += [j["id"] for j in page.json()["data"]]
+            if not page.json()["has_more"]:
+                break
+            after = page.json()["last_id"]
+        assert len(listed) == len(set(listed)) == 31 and set(ids) < set(listed)
 
 
 def test_idempotency_keys_meet_their_first_job_on_a_cluster(
