@@ -33,15 +33,15 @@ from inferq.api.core.admission import Admission
 from inferq.api.core.auth import load_admin_keys, load_api_keys
 from inferq.api.core.cache import ResultCache
 from inferq.api.core.catalog import ModelCatalog
-from inferq.api.core.embeddings import EmbeddingsRequest
 from inferq.api.core.listing import JobListing
 from inferq.api.core.notifier import Notifier
-from inferq.api.core.oip_body import BUDGET_BODIES, BodyBudget
 from inferq.api.core.redis_memory import RedisMemory
 from inferq.api.core.schemas import InferRequest, SubmitRequest
 from inferq.api.core.service import Checks, JobService
 from inferq.api.middleware import UploadLimit
 from inferq.api.parts import ApiParts
+from inferq.api.protocols.embeddings import EmbeddingsRequest
+from inferq.api.protocols.oip.body import BUDGET_BODIES, BodyBudget
 from inferq.api.routes import (
     batches,
     embeddings,

@@ -15,9 +15,9 @@ from inferq.api.core.admission import Admission
 from inferq.api.core.catalog import ModelCatalog
 from inferq.api.core.listing import JobListing
 from inferq.api.core.notifier import Notifier
-from inferq.api.core.oip_body import BodyBudget
 from inferq.api.core.redis_memory import RedisMemory
 from inferq.api.core.service import JobService
+from inferq.api.protocols.oip.body import BodyBudget
 from inferq.shared.metrics import ApiMetrics
 from inferq.shared.producer import JobProducer
 from inferq.shared.registry import WorkerRegistry

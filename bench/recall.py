@@ -6,7 +6,7 @@ by float cosine are the truth; recall@10 is the share of them that the encoding'
 finds, averaged over the queries. int8 and uint8 vectors are ranked by cosine (the per-vector
 scale cancels in it; uint8 after subtracting 128), binary and ubinary ones by Hamming distance
 (decoded as docs/api.md says: ubinary bytes as they are, binary bytes + 128). Ties keep
-corpus order. The encodings are `inferq.api.core.vectors`, the very functions the API runs.
+corpus order. The encodings are `inferq.api.protocols.vectors`, the very functions the API runs.
 
 Run: .venv/bin/python -m inferq.bench.recall            (short and mixed; ~1 min on a CPU)
 """
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from inferq.api.core import vectors
+from inferq.api.protocols import vectors
 from inferq.bench import corpus
 from inferq.bench.model import build
 from inferq.worker.models.base import Input, InputKind, Model

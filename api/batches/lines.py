@@ -34,20 +34,14 @@ import hashlib
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import orjson
 
-from inferq.api.core import embeddings
-from inferq.api.core.catalog import ModelCatalog
-from inferq.api.core.decode import InvalidBody, JobBody, job_body
-from inferq.api.core.embeddings import Answer
-from inferq.api.core.errors import job_failure, request_error
 from inferq.api.core.inputs import json_values
-from inferq.api.core.service import Submission
-from inferq.api.core.views import error_body, job_view
-from inferq.shared.errors import InputInvalid, RequestError
-from inferq.shared.jobs import Job, Status
+from inferq.api.protocols import Adapter, Answer
+from inferq.api.protocols.embeddings import Embeddings
+from inferq.api.protocols.v1 import Infer
+from inferq.shared.errors import InputInvalid
 
 #: Kinds of results in `batch_results`: the first byte of each stored value.
 OK, ERROR = b"o", b"e"
@@ -174,93 +168,9 @@ def _custom_id_of_raw(raw: bytes, max_values: int) -> str | None:
         return None
 
 
-# --- what each endpoint does with a body ---
+# --- what each endpoint does with a body: its protocol's adapter ---
 
-
-class Endpoint(Protocol):
-    """One endpoint's request handling, as its route does it, without HTTP."""
-
-    def parse(self, body: bytes) -> Any:
-        """The request, or the `Answer` the endpoint gives a body it refuses."""
-
-    async def bind(self, req: Any, catalog: ModelCatalog) -> Any:
-        """What the endpoint checks against its model's declaration before submitting (the
-        only step that may read Redis, through `catalog`): the request, or its `Answer`."""
-
-    def submission(self, req: Any, tenant: str, **fields: Any) -> Submission: ...
-
-    def refusal(self, e: RequestError) -> Answer: ...
-
-    def answer(self, req: Any, job: Job) -> Answer: ...
-
-
-class Embeddings:
-    """POST /v1/embeddings (`inferq.api.core.embeddings`)."""
-
-    def parse(self, body: bytes) -> embeddings.EmbeddingsRequest | Answer:
-        return embeddings.parse_request(body)
-
-    async def bind(
-        self, req: embeddings.EmbeddingsRequest, catalog: ModelCatalog
-    ) -> embeddings.EmbeddingsRequest | Answer:
-        return await embeddings.bind(req, catalog)
-
-    def submission(
-        self, req: embeddings.EmbeddingsRequest, tenant: str, **fields: Any
-    ) -> Submission:
-        return embeddings.submission(req, tenant, **fields)
-
-    def refusal(self, e: RequestError) -> Answer:
-        return embeddings.refusal(e)
-
-    def answer(self, req: embeddings.EmbeddingsRequest, job: Job) -> Answer:
-        return embeddings.answer(req, job)
-
-
-class Infer:
-    """POST /v1/infer (`inferq.api.routes.jobs`), JSON bodies, read by the route's own decoder
-    (`core.decode.job_body`): the job's view, with the status of its error code when it
-    failed. `wait` does not apply; a line cannot ask for a webhook (one delivery per line of
-    a 50,000-line batch is not what anyone wants)."""
-
-    def parse(self, body: bytes) -> JobBody | Answer:
-        try:
-            req = job_body(body, infer=True)
-        except InvalidBody as e:  # as the route answers it (`handlers.error_response`)
-            return Answer(422, error_body("invalid_request", str(e)) | {"detail": e.detail})
-        if req.webhook is not None:
-            return Answer(
-                422, error_body("invalid_request", "'webhook' is not supported in a batch line")
-            )
-        return req
-
-    async def bind(self, req: JobBody, catalog: ModelCatalog) -> JobBody:
-        return req  # the submission checks everything /v1/infer checks
-
-    def submission(self, req: JobBody, tenant: str, **fields: Any) -> Submission:
-        if req.timeout_s is not None:  # the line's own deadline, if it is the sooner one
-            fields["timeout_s"] = min(req.timeout_s, fields.get("timeout_s") or req.timeout_s)
-        return Submission(
-            items=req.items,
-            model=req.model,
-            tenant=tenant,
-            parameters=req.parameters,
-            metadata=req.metadata,
-            result_ttl_s=req.result_ttl_s,
-            **fields,
-        )
-
-    def refusal(self, e: RequestError) -> Answer:
-        status, code = request_error(e)
-        return Answer(status, error_body(code, str(e)))
-
-    def answer(self, req: JobBody, job: Job) -> Answer:
-        ok = job.status is Status.SUCCEEDED
-        status = 200 if ok else job_failure(job.error and job.error.code)[0]
-        return Answer(status, job_view(job))
-
-
-ENDPOINTS: Mapping[str, Endpoint] = {"/v1/embeddings": Embeddings(), "/v1/infer": Infer()}
+ENDPOINTS: Mapping[str, Adapter] = {"/v1/embeddings": Embeddings(), "/v1/infer": Infer()}
 
 
 # --- output and error lines ---

@@ -47,8 +47,8 @@ from inferq.api.batches.lines import (
     split_lines,
 )
 from inferq.api.batches.store import BatchRecord, BatchStore, output_ids
-from inferq.api.core.embeddings import Answer
 from inferq.api.core.service import JobService
+from inferq.api.protocols.embeddings import Answer
 from inferq.shared.errors import JobNotFound, Overloaded, RedisFull, RequestError
 from inferq.shared.jobs import Job, Status
 from inferq.shared.metrics import ApiMetrics

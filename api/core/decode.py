@@ -3,7 +3,7 @@
 `/v1/jobs`, `/v1/infer` and `/v1/embeddings` are the hot routes: a quiet request spends more
 CPU building and validating pydantic models than on anything it does. These functions take
 exactly what the strict pydantic models (`core.schemas.SubmitRequest`, `InferRequest`; and
-`core.embeddings.EmbeddingsRequest`, decoded there with these helpers) take — which is exactly what the OpenAPI document says —
+`protocols.embeddings.EmbeddingsRequest`, decoded there with these helpers) take — which is exactly what the OpenAPI document says —
 and `tests/unit/api/core/test_decode.py` holds the two to the same answers on generated
 bodies, valid and not. The models stay the documentation (and the multipart path's).
 

@@ -1,5 +1,5 @@
 """POST /v1/embeddings: the OpenAI embeddings API, served through the queue like /v1/infer
-(what it answers, and why: `inferq.api.core.embeddings`)."""
+(what it answers, and why: `inferq.api.protocols.embeddings`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, Request
 
-from inferq.api.core.embeddings import (
+from inferq.api.core.service import JobService
+from inferq.api.protocols.embeddings import (
     Answer,
     EmbeddingsResponse,
     answer,
@@ -16,7 +17,6 @@ from inferq.api.core.embeddings import (
     refusal,
     submission,
 )
-from inferq.api.core.service import JobService
 from inferq.api.responses import FastJSON
 from inferq.api.routes.deps import Config, IdempotencyKey, Jobs, Tenant, disconnected
 from inferq.shared.errors import RequestError

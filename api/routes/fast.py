@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
 from starlette.responses import Response
@@ -26,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from inferq.api.core.auth import tenant_of
 from inferq.api.core.decode import InvalidBody, number
 from inferq.api.handlers import error_response
-from inferq.api.parts import parts_of
+from inferq.api.parts import ApiParts, parts_of
 from inferq.api.responses import FastJSON, wants_msgpack
 from inferq.api.routes import embeddings, jobs
 
@@ -41,16 +42,81 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
     return dict(scope["headers"])
 
 
-def is_hot(scope: Scope, headers: dict[bytes, bytes] | None = None) -> bool:
-    """Whether this HTTP request is one the hot path answers."""
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One hot request, read as far as every handler needs: who asks, and how to answer."""
+
+    parts: ApiParts
+    scope: Scope
+    receive: Receive
+    headers: dict[bytes, bytes]
+    tenant: str
+    packed: bool  # a record in msgpack was asked for (`Accept`)
+
+
+Handler = Callable[[Call], Awaitable[Response]]
+
+
+async def _read(call: Call) -> Response:
+    job_id = call.scope["path"][len(JOB_PREFIX) :]
+    wait = _wait(call.scope)
+    return await jobs.read_job(call.parts.jobs, job_id, call.tenant, wait, packed=call.packed)
+
+
+async def _submit(call: Call) -> Response:
+    key, raw = _idempotency_key(call.headers), await _body(call.receive)
+    return await jobs.submit_job_json(call.parts.jobs, call.parts.settings, call.tenant, key, raw)
+
+
+async def _infer(call: Call) -> Response:
+    key, raw, settings = (
+        _idempotency_key(call.headers),
+        await _body(call.receive),
+        call.parts.settings,
+    )
+    sub, wait = jobs.json_submission(raw, settings, call.tenant, key, infer=True)
+    gone = _gone(call.receive)
+    return await jobs.run_job(call.parts.jobs, settings, sub, wait, gone, packed=call.packed)
+
+
+async def _embed(call: Call) -> Response:
+    key, raw = _idempotency_key(call.headers), await _body(call.receive)
+    service, settings = call.parts.jobs, call.parts.settings
+    return await embeddings.embeddings_json(
+        service, settings, call.tenant, key, raw, _gone(call.receive)
+    )
+
+
+#: The hot routes, (method, path) → handler; `{id}` stands for one path segment. The FastAPI
+#: routes document the same (method, path) pairs (`tests/unit/api/test_fast.py` holds the
+#: two together) and serve what this does not take: multipart bodies, and every other route.
+HOT: dict[tuple[str, str], Handler] = {
+    ("GET", JOB_PREFIX + "{id}"): _read,
+    ("POST", "/v1/jobs"): _submit,
+    ("POST", "/v1/infer"): _infer,
+    ("POST", "/v1/embeddings"): _embed,
+}
+_READ = HOT[("GET", JOB_PREFIX + "{id}")]
+
+
+def hot_handler(scope: Scope, headers: dict[bytes, bytes] | None = None) -> Handler | None:
+    """The handler of a request the hot path answers (`HOT`), or None."""
     method, path = scope["method"], scope["path"]
     if method == "GET":
-        return path.startswith(JOB_PREFIX) and "/" not in path[len(JOB_PREFIX) :]
-    if method != "POST" or path not in ("/v1/jobs", "/v1/infer", "/v1/embeddings"):
-        return False
+        hot = path.startswith(JOB_PREFIX) and "/" not in path[len(JOB_PREFIX) :]
+        return _READ if hot else None
+    handler = HOT.get((method, path))
+    if handler is None:
+        return None
     if headers is None:
         headers = _headers(scope)
-    return not headers.get(b"content-type", b"").startswith(b"multipart/form-data")
+    multipart = headers.get(b"content-type", b"").startswith(b"multipart/form-data")
+    return None if multipart else handler
+
+
+def is_hot(scope: Scope, headers: dict[bytes, bytes] | None = None) -> bool:
+    """Whether this HTTP request is one the hot path answers."""
+    return hot_handler(scope, headers) is not None
 
 
 async def _body(receive: Receive) -> bytes:
@@ -106,11 +172,12 @@ class FastPath:
             await self.app(scope, receive, send)
             return
         headers = _headers(scope)
-        if not is_hot(scope, headers):
+        handler = hot_handler(scope, headers)
+        if handler is None:
             await self.app(scope, receive, send)
             return
         try:
-            response = await self._answer(scope, receive, headers)
+            response = await handler(self._call(scope, receive, headers))
         except ConnectionResetError:
             return  # nobody is left to answer
         except Exception as e:
@@ -124,23 +191,10 @@ class FastPath:
             response = known
         await response(scope, receive, send)
 
-    async def _answer(
-        self, scope: Scope, receive: Receive, headers: dict[bytes, bytes]
-    ) -> Response:
+    @staticmethod
+    def _call(scope: Scope, receive: Receive, headers: dict[bytes, bytes]) -> Call:
         parts = parts_of(scope["app"].state)
-        service, settings = parts.jobs, parts.settings
         tenant = tenant_of(parts.api_keys, headers.get(b"authorization", b"").decode("latin-1"))
-        path = scope["path"]
         # A record in msgpack if asked for: a dict lookup and a substring test when it is not.
         packed = wants_msgpack(headers.get(b"accept"))
-        if scope["method"] == "GET":
-            job_id = path[len(JOB_PREFIX) :]
-            return await jobs.read_job(service, job_id, tenant, _wait(scope), packed=packed)
-        key = _idempotency_key(headers)
-        raw = await _body(receive)
-        if path == "/v1/jobs":
-            return await jobs.submit_job_json(service, settings, tenant, key, raw)
-        if path == "/v1/infer":
-            sub, wait = jobs.json_submission(raw, settings, tenant, key, infer=True)
-            return await jobs.run_job(service, settings, sub, wait, _gone(receive), packed=packed)
-        return await embeddings.embeddings_json(service, settings, tenant, key, raw, _gone(receive))
+        return Call(parts, scope, receive, headers, tenant, packed)

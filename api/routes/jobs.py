@@ -17,8 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, Json, ValidationError
 from starlette.responses import Response
 
-from inferq.api.core.decode import MAX_METADATA_PAIRS, InvalidBody, job_body, metadata
-from inferq.api.core.errors import job_failure
+from inferq.api.core.decode import MAX_METADATA_PAIRS, InvalidBody, metadata
 from inferq.api.core.inputs import check_json_budget
 from inferq.api.core.listing import MAX_LIMIT, JobFilter
 from inferq.api.core.schemas import (
@@ -31,6 +30,7 @@ from inferq.api.core.schemas import (
 )
 from inferq.api.core.service import JobService, Submission
 from inferq.api.core.views import accepted_view, job_view
+from inferq.api.protocols import v1
 from inferq.api.responses import MSGPACK, FastJSON, record_response, wants_msgpack
 from inferq.api.routes.deps import (
     Config,
@@ -138,24 +138,11 @@ async def read_submission(
 def json_submission(
     raw: bytes, settings: Settings, tenant: str, key: str | None, *, infer: bool
 ) -> tuple[Submission, float | None]:
-    """A JSON body's submission and its `wait`, decoded by compiled checks (`core.decode`:
-    exactly what `SubmitRequest` / `InferRequest` document)."""
+    """A JSON body's submission and its `wait` (`protocols.v1`: the compiled decoder, exactly
+    what `SubmitRequest` / `InferRequest` document)."""
     check_json_budget(raw, settings)  # before a parse that would build every value
-    req = job_body(raw, infer=infer)
-    sub = Submission(
-        items=req.items,
-        model=req.model,
-        tenant=tenant,
-        priority=req.priority,
-        timeout_s=req.timeout_s,
-        idempotency_key=key,
-        parameters=req.parameters,
-        webhook=req.webhook,
-        webhook_events=req.webhook_events,
-        metadata=req.metadata,
-        result_ttl_s=req.result_ttl_s,
-    )
-    return sub, req.wait
+    req = v1.parse(raw, infer=infer)
+    return v1.submission(req, tenant, key), req.wait
 
 
 def _accepted(job: Job) -> FastJSON:
@@ -350,5 +337,4 @@ async def run_job(
     if not job.status.is_final:
         location = {"Location": f"/v1/jobs/{job.id}"}
         return record_response(accepted_view(job), 202, location, packed=packed)
-    status = 200 if job.status is Status.SUCCEEDED else job_failure(job.error and job.error.code)[0]
-    return record_response(job_view(job), status, packed=packed)
+    return record_response(job_view(job), v1.final_status(job), packed=packed)

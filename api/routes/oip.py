@@ -1,9 +1,9 @@
 """/v2: the Open Inference Protocol (KServe v2, as Triton serves it over REST), on the same
 submit-and-wait pipeline as /v1/infer (`JobService.run`): tenants, admission, metrics,
 `Idempotency-Key` and cancel-on-disconnect are the same. The protocol itself (tensors,
-metadata, the request as a job, the answers) is `inferq.api.core.oip*`.
+metadata, the request as a job, the answers) is `inferq.api.protocols.oip.request*`.
 
-Errors take the protocol's shape, `{"error": "<message>"}` (`core.oip_response`'s table),
+Errors take the protocol's shape, `{"error": "<message>"}` (`protocols.oip.response`'s table),
 the caller's key included: a tenant is checked with the function behind `deps.Tenant`,
 inside the route, so a 401 reads like every other OIP error (a Triton client cannot read
 inferq's nested error object). Liveness and readiness are open, as /healthz and /readyz.
@@ -20,10 +20,12 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, Request, Response
 
-from inferq.api.core.oip import OipRequest, check_version, parse_infer, submission
-from inferq.api.core.oip_body import BodyBudget, Hold, inflate
-from inferq.api.core.oip_metadata import model_metadata, server_metadata
-from inferq.api.core.oip_response import (
+from inferq.api.core.service import JobService
+from inferq.api.parts import parts_of
+from inferq.api.protocols.oip.body import BodyBudget, Hold, inflate
+from inferq.api.protocols.oip.metadata import model_metadata, server_metadata
+from inferq.api.protocols.oip.request import OipRequest, check_version, parse_infer, submission
+from inferq.api.protocols.oip.response import (
     HEADER_LENGTH,
     Reply,
     bounded,
@@ -33,8 +35,6 @@ from inferq.api.core.oip_response import (
     late,
     refusal,
 )
-from inferq.api.core.service import JobService
-from inferq.api.parts import parts_of
 from inferq.api.routes import health
 from inferq.api.routes.deps import Config, Parts, Queue, Registry, authenticate, disconnected
 from inferq.shared.errors import InputInvalid, RequestError
@@ -189,7 +189,7 @@ async def _infer(
 
 
 def _budget(request: Request, settings: Settings) -> BodyBudget:
-    """This app's budget of body bytes in flight (`core.oip_body.BodyBudget`)."""
+    """This app's budget of body bytes in flight (`protocols.oip.body.BodyBudget`)."""
     return parts_of(request.app.state).oip_bodies
 
 

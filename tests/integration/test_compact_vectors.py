@@ -11,7 +11,7 @@ import msgpack
 import numpy as np
 import openai
 
-from inferq.api.core import vectors
+from inferq.api.protocols import vectors
 from inferq.client import AsyncClient, Client
 from inferq.worker.models.echo import expected_vector
 from tests.integration.stack import Stack

@@ -186,25 +186,30 @@ def _violations() -> list[str]:
         if not (_under(name, "inferq.api.routes") or name == "inferq.api.app"):
             out += [f"{name} → {d}" for d in deps if _under(d, "inferq.api.routes")]
         # The logic the routes call, and the background subsystems, run without FastAPI.
-        for layer in ("inferq.api.core", "inferq.api.batches", "inferq.api.webhooks"):
+        layers = (
+            "inferq.api.core",
+            "inferq.api.protocols",
+            "inferq.api.batches",
+            "inferq.api.webhooks",
+        )
+        for layer in layers:
             if _under(name, layer):
                 web = _third_party(name) & {"fastapi", "starlette", "uvicorn"}
                 out += [f"{name} → {w}" for w in sorted(web)]
                 out += [
                     f"{name} → {d}"
                     for d in deps
-                    if _under(d, "inferq.api")
-                    and not any(
-                        _under(d, ok)
-                        for ok in ("inferq.api.core", "inferq.api.batches", "inferq.api.webhooks")
-                    )
+                    if _under(d, "inferq.api") and not any(_under(d, ok) for ok in layers)
                 ]
         # The job pipeline stands alone: the background subsystems build on it, never back.
         if _under(name, "inferq.api.core"):
             out += [
                 f"{name} → {d}"
                 for d in deps
-                if _under(d, "inferq.api.webhooks") or _under(d, "inferq.api.batches")
+                if any(
+                    _under(d, p)
+                    for p in ("inferq.api.webhooks", "inferq.api.batches", "inferq.api.protocols")
+                )
             ]
         # The batch policy is pure: the standard library and itself only.
         if _under(name, "inferq.worker.policy"):
@@ -216,8 +221,8 @@ def _violations() -> list[str]:
 
 def test_each_layer_imports_only_what_it_may() -> None:
     """shared → shared only; api and worker never import each other; only the app imports
-    routes; core, batches and webhooks never import FastAPI nor the app wiring, and core
-    neither of the other two; the worker's policy is the standard library only."""
+    routes; core, protocols, batches and webhooks never import FastAPI nor the app wiring,
+    and core none of the other three; the worker's policy is the standard library only."""
     assert not _violations()
 
 
@@ -226,6 +231,7 @@ def test_the_layers_exist() -> None:
     for package in (
         "inferq.api.routes",
         "inferq.api.core",
+        "inferq.api.protocols",
         "inferq.api.batches",
         "inferq.api.webhooks",
         "inferq.worker.policy",

@@ -11,10 +11,10 @@ from typing import Any
 import orjson
 import pytest
 
-from inferq.api.core import oip
 from inferq.api.core.decode import MAX_CONTROL_JSON_BYTES
-from inferq.api.core.oip import parse_infer
-from inferq.api.core.oip_response import MAX_MESSAGE_CHARS, bounded
+from inferq.api.protocols.oip import request as oip
+from inferq.api.protocols.oip.request import parse_infer
+from inferq.api.protocols.oip.response import MAX_MESSAGE_CHARS, bounded
 from inferq.api.routes import batches
 from inferq.shared.errors import InputInvalid
 from inferq.shared.settings import Settings

@@ -15,9 +15,15 @@ import pytest
 import tritonclient.http as triton
 
 from inferq.api.core.inputs import wire_inputs
-from inferq.api.core.oip import OipRequest, Output, check_version, parse_infer, submission
-from inferq.api.core.oip_body import inflate, split_body
-from inferq.api.core.oip_tensors import pack_bytes
+from inferq.api.protocols.oip.body import inflate, split_body
+from inferq.api.protocols.oip.request import (
+    OipRequest,
+    Output,
+    check_version,
+    parse_infer,
+    submission,
+)
+from inferq.api.protocols.oip.tensors import pack_bytes
 from inferq.shared.errors import InputInvalid, InputTooLarge, ModelNotServed
 from inferq.shared.registry import ModelInfo
 from inferq.shared.settings import Settings

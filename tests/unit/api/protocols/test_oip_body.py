@@ -12,8 +12,8 @@ import numpy as np
 import orjson
 import pytest
 
-from inferq.api.core.oip_body import MAX_INFLATE_RATIO, BodyBudget, inflate
 from inferq.api.parts import parts_of
+from inferq.api.protocols.oip.body import MAX_INFLATE_RATIO, BodyBudget, inflate
 from inferq.shared.errors import InputInvalid, InputTooLarge, Overloaded
 from tests.unit.api.conftest import MakeApp
 

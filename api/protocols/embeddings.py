@@ -39,17 +39,17 @@ for a model that declares none the width is known only once it has run, so `answ
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from inferq.api.core import vectors
 from inferq.api.core.catalog import ModelCatalog
 from inferq.api.core.decode import InvalidBody, json_object, number, optional_str
 from inferq.api.core.errors import job_failure, request_error
 from inferq.api.core.inputs import json_values
 from inferq.api.core.service import Submission
+from inferq.api.protocols import Answer, vectors
 from inferq.shared.errors import Overloaded, RequestError
 from inferq.shared.jobs import Job, Status
 
@@ -121,14 +121,6 @@ class EmbeddingsResponse(BaseModel):
     data: list[Embedding]
     model: str
     usage: Usage
-
-
-class Answer(NamedTuple):
-    """What the endpoint answers, before HTTP: the route sends it, a batch line records it."""
-
-    status: int
-    body: dict[str, Any]
-    headers: dict[str, str] | None = None
 
 
 def openai_error_answer(
@@ -277,3 +269,14 @@ def answer(req: EmbeddingsRequest, job: Job) -> Answer:
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
     return Answer(200, body)
+
+
+class Embeddings:
+    """The OpenAI embeddings adapter (`protocols.Adapter`): the route, the hot path and batch
+    lines all go through these."""
+
+    parse = staticmethod(parse_request)
+    bind = staticmethod(bind)
+    submission = staticmethod(submission)
+    refusal = staticmethod(refusal)
+    answer = staticmethod(answer)

@@ -1,6 +1,6 @@
 """Smaller embedding vectors, per request: Matryoshka truncation and the compact encodings of
 `/v1/embeddings` (`encoding_format`). Pure numpy, no HTTP: the endpoint
-(`inferq.api.core.embeddings`), its batch lines and the recall benchmark
+(`inferq.api.protocols.embeddings`), its batch lines and the recall benchmark
 (`inferq.bench.recall`) all use these very functions.
 
 Order: `truncate` first (when `dimensions` asks for it), then one encoding.

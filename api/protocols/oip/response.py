@@ -12,7 +12,7 @@ here, as Triton answers it.
 | over a limit: the body, a tensor, the job's inputs, the JSON's values | 413 |
 | no key or a wrong one / a key without the role | 401 / 403 |
 | admission refused it (queue, bytes, deadline, the tenant's share) | 429 + Retry-After |
-| the API's bodies in flight are at their budget (`core.oip_body.BodyBudget`) | 429 + Retry-After |
+| the API's bodies in flight are at their budget (`protocols.oip.body.BodyBudget`) | 429 + Retry-After |
 | not finished within the wait | 429 + Retry-After |
 | Redis down, loading, read-only or full | 503 + Retry-After |
 | the job failed: `too_large` 413, `invalid_input` / `model_error` / `poisoned` 400, `cancelled` 409, `expired` 429 | |
@@ -27,9 +27,9 @@ import orjson
 
 from inferq.api.core.errors import job_failure, request_error, retry_headers
 from inferq.api.core.idempotency import KeyReused
-from inferq.api.core.oip import OipRequest
-from inferq.api.core.oip_metadata import VERSION, output_kind, output_name
-from inferq.api.core.oip_tensors import BYTES, Values, to_binary, to_json
+from inferq.api.protocols.oip.metadata import VERSION, output_kind, output_name
+from inferq.api.protocols.oip.request import OipRequest
+from inferq.api.protocols.oip.tensors import BYTES, Values, to_binary, to_json
 from inferq.shared.errors import CodecError, QueueUnavailable, RedisFull, RequestError
 from inferq.shared.jobs import Job, Status
 from inferq.shared.registry import ModelInfo

@@ -11,9 +11,9 @@ import orjson
 import pytest
 import tritonclient.http as triton
 
-from inferq.api.core.oip import OipRequest, Output
-from inferq.api.core.oip_metadata import model_metadata, server_metadata
-from inferq.api.core.oip_response import Reply, infer_reply, late, output_tensor, refusal
+from inferq.api.protocols.oip.metadata import model_metadata, server_metadata
+from inferq.api.protocols.oip.request import OipRequest, Output
+from inferq.api.protocols.oip.response import Reply, infer_reply, late, output_tensor, refusal
 from inferq.shared.errors import (
     CodecError,
     InputInvalid,

@@ -40,9 +40,10 @@ from typing import Any
 import orjson
 
 from inferq.api.core.inputs import InputItem, TensorItem, TensorSpec, check_json_budget
-from inferq.api.core.oip_body import split_body
-from inferq.api.core.oip_metadata import VERSION, input_kinds, output_kind, output_name
-from inferq.api.core.oip_tensors import (
+from inferq.api.core.service import Submission
+from inferq.api.protocols.oip.body import split_body
+from inferq.api.protocols.oip.metadata import VERSION, input_kinds, output_kind, output_name
+from inferq.api.protocols.oip.tensors import (
     BYTES,
     NUMERIC,
     Tensor,
@@ -52,7 +53,6 @@ from inferq.api.core.oip_tensors import (
     from_binary,
     from_json,
 )
-from inferq.api.core.service import Submission
 from inferq.shared.errors import InputInvalid, InputTooLarge, ModelNotServed
 from inferq.shared.registry import ModelInfo
 from inferq.shared.schema import InputKind, Lane, OutputKind

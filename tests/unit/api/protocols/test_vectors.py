@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from inferq.api.core import vectors
+from inferq.api.protocols import vectors
 
 finite = st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False, width=32)
 matrices = hnp.arrays(

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from inferq.api.core.oip_tensors import (
+from inferq.api.protocols.oip.tensors import (
     BINARY_ONLY,
     BYTES,
     DATATYPES,

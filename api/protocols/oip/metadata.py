@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferq.api.core.oip_tensors import BYTES
+from inferq.api.protocols.oip.tensors import BYTES
 from inferq.shared.registry import ModelInfo
 from inferq.shared.schema import InputKind, OutputKind
 

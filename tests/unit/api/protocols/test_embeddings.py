@@ -1,4 +1,4 @@
-"""`core.embeddings`: `dimensions` against the model's Matryoshka declaration (`bind`, then
+"""`protocols.embeddings`: `dimensions` against the model's Matryoshka declaration (`bind`, then
 `answer`), and every `encoding_format` in the answer (a fake catalog; no Redis)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from inferq.api.batches import lines
-from inferq.api.core import embeddings, vectors
-from inferq.api.core.embeddings import Answer, EmbeddingsRequest
+from inferq.api.protocols import embeddings, vectors
+from inferq.api.protocols.embeddings import Answer, EmbeddingsRequest
 from inferq.shared.errors import ModelNotServed
 from inferq.shared.jobs import Job, Status
 from inferq.shared.registry import ModelInfo
