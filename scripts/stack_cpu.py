@@ -52,6 +52,18 @@ def other_tree(tree: Path, site_dir: Path) -> dict[str, str]:
     return {"PYTHONPATH": str(site_dir)}
 
 
+def server_env(pairs: list[str], tree: Path | None, site_dir: Path) -> dict[str, str]:
+    """The servers' environment: `inferq up`'s log level (a DEBUG worker logs more lines a
+    batch), the `--env` KEY=VALUE pairs, and with `tree` that checkout's code."""
+    env = {"INFERQ_LOG_LEVEL": "INFO"} | dict(kv.split("=", 1) for kv in pairs)
+    if tree is not None:
+        env |= other_tree(tree, site_dir)
+        # The servers start with `python -m`, which puts their working directory first on
+        # sys.path: inside this checkout that would import its `inferq/` ahead of the tree.
+        os.chdir(site_dir)
+    return env
+
+
 def cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -130,14 +142,8 @@ def main() -> None:
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for the servers")
     p.add_argument("--tree", type=Path, help="run the servers from this checkout of inferq")
     args = p.parse_args()
-    # `inferq up`'s level (the bench's too); a DEBUG worker logs more lines a batch.
-    env = {"INFERQ_LOG_LEVEL": "INFO"} | dict(kv.split("=", 1) for kv in args.env)
     site_dir = tempfile.TemporaryDirectory()
-    if args.tree is not None:
-        env |= other_tree(args.tree, Path(site_dir.name))
-        # The servers start with `python -m`, which puts their working directory first on
-        # sys.path: inside this checkout that would import its `inferq/` ahead of the tree.
-        os.chdir(site_dir.name)
+    env = server_env(args.env, args.tree, Path(site_dir.name))
     clients = [int(c) for c in args.clients.split(",")]
     print(
         "| system | corpus | clients | req/s | items/s | p50 ms | "

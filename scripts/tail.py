@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import statistics
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stack_cpu import other_tree
+from stack_cpu import server_env
 
 from inferq.bench import inputs, load, systems
 from inferq.bench.http import Connection
@@ -87,11 +86,8 @@ def main() -> None:
     p.add_argument("--tree", type=Path, help="run the servers from this checkout of inferq")
     p.add_argument("--dump", type=Path, help="write every request (wall time, phases) as CSV")
     args = p.parse_args()
-    env = {"INFERQ_LOG_LEVEL": "INFO"} | dict(kv.split("=", 1) for kv in args.env)
     site_dir = tempfile.TemporaryDirectory()
-    if args.tree is not None:
-        env |= other_tree(args.tree, Path(site_dir.name))
-        os.chdir(site_dir.name)
+    env = server_env(args.env, args.tree, Path(site_dir.name))
     ready = inputs.load(args.corpus)
     bodies = [b.data if hasattr(b, "data") else orjson.dumps({"input": b}) for b in ready.bodies]
     with tempfile.TemporaryDirectory() as d:
