@@ -47,7 +47,8 @@ async def test_one_infer_crosses_the_files_the_architecture_lists(redis_url: str
     sys.setprofile(crossed)
     worker = InProcess(redis_url, Recorder(), heartbeat_s=30)
     settings = Settings(_env_file=None, redis_url=redis_url, model="echo", heartbeat_s=30)
-    app = create_app(settings, redis=Redis.from_url(redis_url))
+    redis = Redis.from_url(redis_url)  # the app's; a client handed in is the caller's to close
+    app = create_app(settings, redis=redis)
     try:
         await worker.start()
         async with app.router.lifespan_context(app):
@@ -64,6 +65,7 @@ async def test_one_infer_crosses_the_files_the_architecture_lists(redis_url: str
         sys.setprofile(None)
         threading.setprofile(None)  # type: ignore[arg-type]
         await worker.close()
+        await redis.aclose()
     files = sorted(crossed.files)
     print(f"{len(files)} files:", *files, sep="\n  ")
     # The request's own stages are all there: the route, the pipeline, the queue, the worker.
