@@ -56,8 +56,8 @@ def test_each_encoding_format_over_http(stack: Stack) -> None:
     b = _embed(base, model="echo", input="x", encoding_format="binary").json()["data"][0]
     assert b["embedding"] == [0b11110000 - 128]
     # The official client, unchanged: its default (base64) and explicit float still agree.
-    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=20)
-    got = client.embeddings.create(model="echo", input=TEXTS)
+    with openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=20) as client:
+        got = client.embeddings.create(model="echo", input=TEXTS)
     np.testing.assert_array_equal([d.embedding for d in got.data], EXPECTED)
 
 

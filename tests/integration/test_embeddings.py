@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable, Iterator
 
 import httpx
 import numpy as np
@@ -15,13 +16,27 @@ from tests.integration.stack import Stack
 TEXTS = ["hello world", "a b c", "the quick brown fox jumps", "x"]
 
 
-def _client(base: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base}/v1", api_key="dummy", max_retries=0, timeout=20)
+@pytest.fixture
+def clients() -> Iterator[Callable[[str], openai.OpenAI]]:
+    """OpenAI clients for a base URL, each closed after the test (its connections with it)."""
+    made: list[openai.OpenAI] = []
+
+    def client(base: str) -> openai.OpenAI:
+        made.append(
+            openai.OpenAI(base_url=f"{base}/v1", api_key="dummy", max_retries=0, timeout=20)
+        )
+        return made[-1]
+
+    yield client
+    for c in made:
+        c.close()
 
 
-def test_float_and_base64_agree_with_echo(stack: Stack) -> None:
+def test_float_and_base64_agree_with_echo(
+    stack: Stack, clients: Callable[[str], openai.OpenAI]
+) -> None:
     stack.worker()
-    client = _client(stack.api())
+    client = clients(stack.api())
     as_float = client.embeddings.create(model="echo", input=TEXTS, encoding_format="float")
     # Without encoding_format the client asks for base64 and decodes it itself.
     default = client.embeddings.create(model="echo", input=TEXTS)
@@ -55,10 +70,10 @@ def test_single_string_and_raw_base64(stack: Stack) -> None:
     assert body["usage"] == {"prompt_tokens": 2, "total_tokens": 2}
 
 
-def test_errors_are_openai_shaped(stack: Stack) -> None:
+def test_errors_are_openai_shaped(stack: Stack, clients: Callable[[str], openai.OpenAI]) -> None:
     stack.worker()
     base = stack.api()
-    client = _client(base)
+    client = clients(base)
     with pytest.raises(openai.NotFoundError) as e:
         client.embeddings.create(model="gpt-nope", input="hi")
     assert "served" in str(e.value)
