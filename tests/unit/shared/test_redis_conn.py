@@ -3,8 +3,13 @@ each client is built, with or without Sentinel (nothing here opens a socket)."""
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from redis.asyncio import BlockingConnectionPool
+from redis.asyncio.connection import Connection
 from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, ResponseError
@@ -12,8 +17,10 @@ from redis.exceptions import ReadOnlyError, ResponseError
 from inferq.shared.errors import QueueUnavailable
 from inferq.shared.redis_conn import (
     BlockingSentinelPool,
+    FastPacker,
     FollowingConnection,
     FollowingSSLConnection,
+    LeanConnection,
     SentinelRedis,
     api_client,
     cluster_seeds,
@@ -23,6 +30,7 @@ from inferq.shared.redis_conn import (
     unavailable,
     worker_client,
 )
+from inferq.shared.schema import JobField
 from inferq.shared.settings import Settings
 
 OOM_62 = (
@@ -120,7 +128,7 @@ async def test_api_client_via_sentinels_keeps_its_pool_and_timeouts() -> None:
     assert kw["socket_timeout"] == 1.5 and kw["retry"].get_retries() == 1
     # The URL gives the password and db; its host and port are never used.
     assert kw["password"] == "s3cret" and kw["db"] == 3 and "host" not in kw
-    assert pool.connection_class is FollowingConnection
+    assert issubclass(pool.connection_class, FollowingConnection)  # packing with FastPacker
     sentinel = pool.sentinel_manager
     assert [c.connection_pool.connection_kwargs["host"] for c in sentinel.sentinels] == [
         "10.0.0.1",
@@ -145,7 +153,7 @@ async def test_worker_and_subscriber_via_sentinels_keep_their_policies() -> None
 async def test_tls_via_sentinels_verifies_and_unix_urls_are_refused() -> None:
     client = api_client("rediss://x/0", timeout_s=1, pool_size=2, sentinels=SENTINELS)
     pool = client.connection_pool
-    assert pool.connection_class is FollowingSSLConnection
+    assert issubclass(pool.connection_class, FollowingSSLConnection)
     assert pool.connection_kwargs["ssl_cert_reqs"] == "required"
     assert pool.connection_kwargs["ssl_check_hostname"] is True
     await client.aclose()
@@ -192,3 +200,56 @@ def test_a_cluster_url_may_name_several_seed_nodes() -> None:
     with pytest.raises(ValueError, match="INFERQ_REDIS_CLUSTER=true"):
         Settings(redis_url="redis://a:1,b:2")
     assert Settings(redis_url="redis://a:1,b:2", redis_cluster=True).redis_cluster
+
+
+# --- FastPacker ---
+
+_ARG = st.one_of(
+    st.text(max_size=40),
+    st.binary(max_size=40),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from(list(JobField)),
+)
+
+
+@given(st.sampled_from(["EVALSHA", "HSET", "XADD", "SET"]), st.lists(_ARG, max_size=30))
+def test_the_fast_packer_packs_as_redis_py_does(name: str, args: list[object]) -> None:
+    library = Connection()._command_packer
+    assert FastPacker(library).pack(name, *args) == library.pack(name, *args)
+
+
+class _Shard(IntEnum):
+    ONE = 1
+
+
+class _Library:
+    def pack(self, *args: object) -> list[bytes]:
+        return [b"library"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("SET", "k", 1.5),
+        ("SET", "k", True),
+        ("SET", "k", memoryview(b"v")),
+        ("HGET", "k", _Shard.ONE),
+        ("SCRIPT LOAD", "return 1"),
+        (b"SET", "k", "v"),
+    ],
+)
+def test_anything_but_plain_str_bytes_and_int_goes_the_librarys_way(args: tuple) -> None:
+    assert FastPacker(_Library()).pack(*args) == [b"library"]
+
+
+def test_plain_and_sentinel_clients_pack_with_it() -> None:
+    for client in (
+        api_client("redis://127.0.0.1:1", timeout_s=1, pool_size=2),
+        worker_client("redis://127.0.0.1:1", block_ms=100),
+        api_client("redis://x:1", timeout_s=1, pool_size=2, sentinels=["127.0.0.1:2"]),
+        worker_client("rediss://x:1", block_ms=100, sentinels=["127.0.0.1:2"]),
+    ):
+        conn = client.connection_pool.make_connection()
+        assert isinstance(conn._command_packer, FastPacker), client
+        assert isinstance(conn, LeanConnection)  # and still the library's class (below)
+        assert isinstance(conn, client.connection_pool.connection_class.__mro__[2])
