@@ -1,21 +1,43 @@
 """The API's side of the queue: admit and enqueue a job, record a cached answer, read a job,
 end one that never ran, ask a worker to stop one, and the reads that describe a model's queue
 (depth, position, lanes, a tenant's holdings) for admission, health and ETAs.
+
+How a submit's script call goes out: coalesced with the calls made beside it, or
+acknowledged only once the replicas hold it (a write and its WAIT, INFERQ_REDIS_WAIT_REPLICAS).
+
+`ScriptBatch`: under load the API's request tasks reach their submit in the same turn of the
+event loop (uvicorn starts one task per request that a socket read completed). Sent one by
+one, each call pays redis-py's connection checkout, a write and a read, and Redis a read and
+a write; one pipeline of their EVALSHAs pays that once. A lone call yields once (the others
+of its turn join it) and goes out as before.
+
+WAIT counts the replicas that have everything *the connection it runs on* wrote. So the write
+and its WAIT go out in one pipeline, which is one connection; a pipeline retried after a
+dropped connection runs again whole on the new one (maybe another node, after a failover),
+so a WAIT never vouches for a write made elsewhere. A cluster client refuses scripts in its
+pipelines, so there the three commands go out together on one connection of the node that
+owns the key's slot.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import PipelineCommand, RedisCluster
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
 from inferq.shared import keys, lua
+from inferq.shared.errors import QueueUnavailable
 from inferq.shared.jobs import Job, decode_job, encode_submit, input_bytes
 from inferq.shared.lua import queue as scripts
 from inferq.shared.queue import Final, Idempotency, QueueClient, Submitted, shard_of
 from inferq.shared.redis_conn import as_str, unavailable
-from inferq.shared.replicas import call_and_wait
 from inferq.shared.schema import JobField
 
 _NO_KEY = Idempotency("")  # a submit without an Idempotency-Key: built once, not per call
@@ -26,6 +48,156 @@ def _entry_ms(entry_id: bytes | str) -> int:
     return int(as_str(entry_id).split("-", 1)[0])
 
 
+# WAIT's answers on a node that is, or just became, a replica.
+_DEMOTED = ("WAIT cannot be used with replica", "UNBLOCKED")
+
+_Call = tuple[Sequence[str], Sequence[bytes | str | int], "asyncio.Future[Any]"]
+
+
+class ScriptBatch:
+    """`await batch(keys, args)`: `script(keys=keys, args=args)`, sent in one pipeline with
+    the calls of the same turn. Each call gets its own reply or error; a failure of the
+    connection fails the calls that rode on it (each is retry-safe, as a lone call is)."""
+
+    def __init__(self, redis: Redis, script: AsyncScript) -> None:
+        self.script = script
+        self._redis = redis
+        self._solo = isinstance(redis, RedisCluster)  # it refuses scripts in its pipelines
+        self._joining: list[_Call] | None = None
+        self._sending: set[asyncio.Task[None]] = set()  # a task is only weakly held by asyncio
+
+    async def __call__(self, keys: Sequence[str], args: Sequence[bytes | str | int]) -> Any:
+        if self._solo:
+            return await self.script(keys=keys, args=args)
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self._joining is not None:
+            self._joining.append((keys, args, done))
+            return await done
+        self._joining = joined = [(keys, args, done)]
+        try:
+            await asyncio.sleep(0)
+        finally:
+            self._joining = None
+            if len(joined) > 1:
+                # In a task of its own: the others' answers must not depend on this request
+                # staying alive (a cancelled caller cancels only its own future).
+                task = asyncio.create_task(self._send(joined))
+                self._sending.add(task)
+                task.add_done_callback(self._sending.discard)
+        if len(joined) == 1:
+            return await self.script(keys=keys, args=args)
+        return await done
+
+    async def _send(self, calls: list[_Call]) -> None:
+        try:
+            async with self._redis.pipeline(transaction=False) as p:
+                for keys, args, _ in calls:
+                    p.evalsha(self.script.sha, len(keys), *keys, *args)
+                replies = await p.execute(raise_on_error=False)
+        except asyncio.CancelledError:  # the loop is shutting down
+            for *_, done in calls:
+                done.cancel()
+            raise
+        except Exception as e:  # every call rode on this connection
+            replies = [e] * len(calls)
+        for call, reply in zip(calls, replies, strict=True):
+            await self._answer(call, reply)
+
+    async def _answer(self, call: _Call, reply: Any) -> None:
+        keys, args, done = call
+        if isinstance(reply, NoScriptError):  # a restarted Redis: the script loads it
+            try:
+                reply = await self.script(keys=keys, args=args)
+            except Exception as e:
+                reply = e
+        if done.done():  # its caller was cancelled
+            return
+        if isinstance(reply, BaseException):
+            done.set_exception(reply)
+        else:
+            done.set_result(reply)
+
+
+async def call_and_wait(
+    redis: Redis,
+    batch: ScriptBatch,
+    keys: Sequence[str],
+    args: Sequence[bytes | str | int],
+    wait: tuple[int, int],
+    renew: tuple[str, int] | None = None,
+) -> tuple[Any, int | None]:
+    """(the script's reply, how many replicas hold its writes): `wait` = (replicas to wait
+    for, timeout ms), as WAIT takes them; no replicas to wait for: just the call, and None.
+
+    `renew` = (key, ttl_s): set that key's TTL before the WAIT. A script that found its work
+    already done (a repeat) wrote nothing, so the WAIT would not cover what it found (whose
+    first write may have been refused for want of replicas); renewing a key that belongs to
+    it is a write that does, on whichever node answered. A missing key: a no-op.
+    """
+    if wait[0] <= 0:
+        return await batch(keys, args), None
+    script = batch.script
+    if isinstance(redis, RedisCluster):
+        return await _on_node(redis, script, keys, args, wait, renew)
+    async with redis.pipeline(transaction=False) as p:
+        await script(keys=keys, args=args, client=p)
+        if renew is not None:
+            p.expire(*renew)
+        p.wait(*wait)
+        try:
+            replies = await p.execute()
+        except ResponseError as e:
+            # The node became a replica under this connection, or the retry reached a new
+            # master that has not loaded the script yet (the next pipeline loads it).
+            if isinstance(e, NoScriptError) or any(d in str(e) for d in _DEMOTED):
+                raise QueueUnavailable(f"redis failing over: {e}") from e
+            raise
+    return replies[0], int(replies[-1])
+
+
+async def _on_node(
+    redis: RedisCluster,
+    script: AsyncScript,
+    keys: Sequence[str],
+    args: Sequence[bytes | str | int],
+    wait: tuple[int, int],
+    renew: tuple[str, int] | None,
+) -> tuple[Any, int | None]:
+    """`call_and_wait` on a cluster: EVALSHA, EXPIRE, WAIT as one pipeline to the slot's
+    master. Any failure is the failover's: 503, and the client's retry (same Idempotency-Key)
+    lands wherever the slot is then."""
+    node = redis.get_node_from_key(keys[0])
+    if node is None:
+        raise QueueUnavailable(f"no cluster node serves {keys[0]!r}")
+    for attempt in range(2):
+        commands = [PipelineCommand(0, "EVALSHA", script.sha, len(keys), *keys, *args)]
+        if renew is not None:
+            commands.append(PipelineCommand(1, "EXPIRE", *renew))
+        commands.append(PipelineCommand(len(commands), "WAIT", *wait))
+        try:
+            await node.execute_pipeline(commands)
+        except (ConnectionError, TimeoutError, OSError, RedisError) as e:
+            await _reload(redis)
+            raise QueueUnavailable(f"redis failing over: {type(e).__name__}: {e}") from e
+        results = [c.result for c in commands]
+        if attempt == 0 and isinstance(results[0], NoScriptError):
+            await redis.script_load(script.script)  # to every master; then once more
+            continue
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            # A moved slot or a node that stopped being master: reload the map for the retry.
+            await _reload(redis)
+            raise QueueUnavailable(f"redis failing over: {errors[0]}")
+        return results[0], int(results[-1])  # type: ignore[arg-type]
+    raise QueueUnavailable("the script could not be loaded on its node")
+
+
+async def _reload(redis: RedisCluster) -> None:
+    """Re-read the slot map (best effort: while no node answers, the next call tries again)."""
+    with contextlib.suppress(RedisError, RedisClusterException, OSError):
+        await redis.nodes_manager.initialize()
+
+
 class JobProducer(QueueClient):
     """What the API process does with the queue."""
 
@@ -33,7 +205,7 @@ class JobProducer(QueueClient):
         self, redis: Redis, *, result_ttl_s: int, shards: int = 1, keep_inputs: bool = False
     ) -> None:
         super().__init__(redis, result_ttl_s=result_ttl_s, shards=shards, keep_inputs=keep_inputs)
-        self._submit = redis.register_script(lua.source(scripts.SUBMIT))
+        self._submit = ScriptBatch(redis, redis.register_script(lua.source(scripts.SUBMIT)))
         self._request_cancel = redis.register_script(lua.source(scripts.REQUEST_CANCEL))
         self._cached = redis.register_script(lua.source(scripts.CACHED))
 
@@ -45,7 +217,7 @@ class JobProducer(QueueClient):
         max_queue: int = 2**62,
         max_bytes: int = 2**62,
         idempotency: Idempotency | None = None,
-        wait: tuple[int, int] = (0, 0),  # (replicas, timeout ms) to WAIT for: shared/replicas
+        wait: tuple[int, int] = (0, 0),  # (replicas, timeout ms) to WAIT for: call_and_wait, below
         tenant_caps: tuple[int, int] = (0, 0),  # (items, bytes) the tenant may hold; 0: uncounted
     ) -> Submitted:
         """Admit, record and enqueue atomically (retry-safe: keyed by job id / idempotency key).

@@ -211,6 +211,7 @@ FINISH = (
     + """
 local now = tonumber(ARGV[3])
 local PUBLISH_MAX = 262144
+local BIG_OUTPUTS = 8192
 local function cache_drop(k)
   local size = redis.call('HGET', KEYS[6], k)
   if size then
@@ -279,23 +280,40 @@ for i = 8 + ns, #KEYS, 4 do
       redis.call('XADD', KEYS[3], '*', ENTRY_JOB, id)
     end
     local final = cmsgpack.unpack(redis.call('HGET', key, F.status))
+    local outputs
+    for f = first, last, 2 do
+      if ARGV[f] == F.outputs then outputs = ARGV[f + 1] end
+    end
     if h[6] and final == S.succeeded then
-      local outputs = redis.call('HGET', key, F.outputs)
+      outputs = outputs or redis.call('HGET', key, F.outputs)
       if outputs then cache_put(cmsgpack.unpack(h[6]), outputs) end
     end
-    local flat
-    if ARGV[5] == '1' then  -- inputs kept in the record; never in a message
+    if ARGV[5] ~= '1' then redis.call('HDEL', key, F.inputs) end
+    -- The record without its inputs (never in a message). Large outputs this call brought
+    -- are not read back: every value read into Lua is copied and hashed whole (~1 us a KiB;
+    -- 32 vectors are 49 KiB), so the rest is read by name and the outputs added from the
+    -- argument. Small ones: one HGETALL is cheaper than naming the fields.
+    local flat, skip = {}, outputs and #outputs > BIG_OUTPUTS
+    if skip then
+      local wanted = {}
+      for _, name in ipairs(redis.call('HKEYS', key)) do
+        if name ~= F.inputs and name ~= F.outputs then wanted[#wanted + 1] = name end
+      end
+      local values = redis.call('HMGET', key, unpack(wanted))
+      for j = 1, #wanted do
+        flat[#flat + 1] = wanted[j]
+        flat[#flat + 1] = values[j]
+      end
+      flat[#flat + 1] = F.outputs
+      flat[#flat + 1] = outputs
+    else
       local all = redis.call('HGETALL', key)
-      flat = {}
       for j = 1, #all, 2 do
         if all[j] ~= F.inputs then
           flat[#flat + 1] = all[j]
           flat[#flat + 1] = all[j + 1]
         end
       end
-    else
-      redis.call('HDEL', key, F.inputs)
-      flat = redis.call('HGETALL', key)
     end
     local packed = cmsgpack.pack(flat)
     if h[7] and wants(cmsgpack.unpack(h[7]), final) then

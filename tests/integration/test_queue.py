@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-import numpy as np
+import asyncio
 
+import msgpack
+import numpy as np
+import pytest
+from redis.asyncio import Redis
+
+from inferq.redis_server import free_port
 from inferq.shared import keys
-from inferq.shared.jobs import Job, JobError, Status, encode_final
-from inferq.shared.queue import Final, Idempotency
+from inferq.shared.errors import QueueUnavailable
+from inferq.shared.jobs import Job, JobError, Status, decode_published, encode_final
+from inferq.shared.queue import Final, Idempotency, Submitted
+from inferq.shared.schema import JobField
 from tests.queues import JobQueue
 
 
@@ -99,6 +107,33 @@ async def test_final_write_is_never_overwritten_and_acks(queue: JobQueue) -> Non
     assert len(messages) == 1  # published once, not on the duplicate
     await pubsub.aclose()
     assert await queue.finish([Final("echo", entry.stream, "0-1", "gone", ok)]) == [-1]
+
+
+@pytest.mark.parametrize("width", [4, 24 * 384])  # 32 B of outputs (read back), 72 KiB (not)
+async def test_the_completion_message_is_the_final_record_without_inputs(
+    queue: JobQueue, width: int
+) -> None:
+    """FINISH publishes the record as stored, less its inputs, field for field: large outputs
+    are taken from the call rather than read back into Lua, and must not change a byte."""
+    await queue.ensure_group("echo")
+    await queue.submit(Job(id="m1", model="echo", inputs=["a", "b"]))
+    (entry,) = await queue.read("echo", "c1", count=1, block_ms=100)
+    out = np.arange(2 * width, dtype=np.float32).reshape(2, width)
+    ok = encode_final(Status.SUCCEEDED, finished_ms=5, outputs=out, worker="w1")
+    pubsub = queue.redis.pubsub()
+    await pubsub.subscribe(keys.done_channel("m1"))
+    assert await queue.finish([Final("echo", entry.stream, entry.entry_id, "m1", ok)]) == [1]
+    message = None
+    for _ in range(5):  # the first read may be the subscribe confirmation, which is skipped
+        message = message or await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
+    await pubsub.aclose()
+    assert message is not None
+    flat = msgpack.unpackb(message["data"], raw=True)
+    published = dict(zip(flat[::2], flat[1::2], strict=True))
+    stored = await queue.redis.hgetall(keys.job("m1"))
+    assert published == stored and JobField.INPUTS.encode() not in stored
+    job = decode_published(message["data"])
+    assert job is not None and np.array_equal(np.asarray(job.outputs), out)
 
 
 async def test_finish_a_batch_in_one_call(queue: JobQueue) -> None:
@@ -195,3 +230,59 @@ async def test_byte_cap_counts_input_bytes_and_finishing_releases_them(queue: Jo
     assert got is not None and got.outputs == [{"label": "x"}]  # structured outputs round-trip
     alone = await queue.submit(Job(id="big", model="echo", inputs=[image] * 3), max_bytes=1500)
     assert alone.outcome == "created"  # an empty queue admits even a job over the cap
+
+
+async def test_submits_of_one_turn_go_out_as_one_pipeline_each_with_its_own_outcome(
+    queue: JobQueue,
+) -> None:
+    """Calls made side by side share one connection (not one each), and a refusal, a
+    duplicate and a creation in one pipeline each reach their own caller."""
+    jobs = [Job(id=f"b{i}", model="echo", inputs=["a"]) for i in range(12)]
+    jobs.append(Job(id="b0", model="echo", inputs=["a"]))  # a retry beside its first try
+    done = await asyncio.gather(*(queue.submit(j, max_queue=5) for j in jobs))
+    outcomes = [d.outcome for d in done]
+    assert outcomes.count("created") == 5 and outcomes.count("full") == 7
+    assert outcomes[-1] == "duplicate" and done[-1].job_id == "b0"
+    assert all(d.depth == 5 for d in done if d.outcome == "full")
+    assert await queue.queue_depth("echo") == 5
+    created = {d.job_id for d in done if d.outcome == "created"}
+    assert created == {f"b{i}" for i in range(5)}  # in the order they were made
+    assert [await queue.get(f"b{i}") for i in range(5, 12)] == [None] * 7
+    assert len(await queue.redis.client_list()) == 1  # 13 calls (and these reads): one connection
+
+
+async def test_a_batch_after_the_scripts_were_flushed_loads_them_and_answers_each(
+    queue: JobQueue,
+) -> None:
+    await queue.redis.script_flush()  # as a restarted Redis would have it
+    jobs = [Job(id=f"f{i}", model="echo", inputs=["a"]) for i in range(6)]
+    done = await asyncio.gather(*(queue.submit(j) for j in jobs))
+    assert [d.outcome for d in done] == ["created"] * 6
+    assert await queue.queue_depth("echo") == 6
+
+
+async def test_a_cancelled_caller_leaves_the_others_of_its_batch_answered(
+    queue: JobQueue,
+) -> None:
+    """The first call of a turn sends the batch; cancelled while the others join, its own
+    job may or may not be written (a cancelled request's client never heard back and
+    retries by key), the others' still are."""
+    tasks = [
+        asyncio.create_task(queue.submit(Job(id=f"c{i}", model="echo", inputs=["a"])))
+        for i in range(5)
+    ]
+    await asyncio.sleep(0)  # each task reaches its submit; the first waits for the rest
+    tasks[0].cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError)
+    assert [r.outcome for r in results[1:] if isinstance(r, Submitted)] == ["created"] * 4
+    assert await queue.queue_depth("echo") in (4, 5)
+
+
+async def test_a_batch_on_a_dead_connection_fails_every_call_as_unavailable() -> None:
+    dead = Redis.from_url(f"redis://127.0.0.1:{free_port()}", socket_connect_timeout=1)
+    q = JobQueue(dead, result_ttl_s=60)
+    jobs = [Job(id=f"d{i}", model="echo", inputs=["a"]) for i in range(4)]
+    results = await asyncio.gather(*(q.submit(j) for j in jobs), return_exceptions=True)
+    assert all(isinstance(r, QueueUnavailable) for r in results), results
+    await dead.aclose()
