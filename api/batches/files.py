@@ -26,12 +26,13 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 from redis.asyncio import Redis
 
+from inferq.api.batches.pending import Pending
 from inferq.shared import keys
 from inferq.shared.errors import JobConflict, JobNotFound
 from inferq.shared.redis_conn import as_str, unavailable
@@ -168,7 +169,7 @@ class FileStore:
         self.redis = redis
         self.ttl_s = ttl_s
         self._discards: set[asyncio.Future[None]] = set()  # deletions under way: kept referenced
-        self._uploading: dict[str, tuple[int, int]] = {}  # tenant → (files, bytes) being written
+        self._uploads = Pending()  # this process's uploads under way
 
     async def create(
         self, tenant: str, filename: str, purpose: str, content: bytes, *, file_id: str = ""
@@ -177,23 +178,17 @@ class FileStore:
         await writer.write(content)
         return await writer.close(tenant, filename, purpose)
 
-    def pending(self, tenant: str) -> tuple[int, int]:
-        """(files, bytes) of the tenant's uploads being written by this process."""
-        return self._uploading.get(tenant, (0, 0))
+    async def usage_with_uploads(self, tenant: str) -> tuple[int, int]:
+        """`usage` plus this process's uploads of the tenant that it did not see
+        (`inferq.api.batches.pending`)."""
+        return await self._uploads.count(tenant, lambda: self._usage(tenant))
 
-    @contextlib.contextmanager
-    def uploading(self, tenant: str, nbytes: int) -> Iterator[None]:
-        """Count an upload of `nbytes` in `pending` while it is written. Entered with no await
-        after the quota check, so concurrent uploads of one tenant in this process cannot all
-        pass one check (other processes' uploads show once published)."""
-        files, size = self._uploading.get(tenant, (0, 0))
-        self._uploading[tenant] = (files + 1, size + nbytes)
-        try:
-            yield
-        finally:
-            files, size = self._uploading.pop(tenant)
-            if files > 1:
-                self._uploading[tenant] = (files - 1, size - nbytes)
+    def uploading(
+        self, tenant: str, file_id: str, nbytes: int
+    ) -> contextlib.AbstractContextManager[None]:
+        """Count the upload `file_id` of `nbytes` in `usage_with_uploads` while it is
+        written; entered with no await after the quota check."""
+        return self._uploads.adding(tenant, file_id, nbytes)
 
     def writer(self, file_id: str) -> FileWriter:
         """A file written a chunk at a time; writing the same id again replaces it."""
@@ -272,22 +267,26 @@ class FileStore:
             raise JobNotFound(f"no file {file_id!r}")  # another tenant's: as if absent
         return rec
 
-    @unavailable
     async def usage(self, tenant: str) -> tuple[int, int]:
         """(files, bytes) the tenant keeps, uploads and batch outputs alike, from its index;
         entries whose file has expired are dropped from the index on the way."""
+        held = await self._usage(tenant)
+        return len(held), sum(held.values())
+
+    @unavailable
+    async def _usage(self, tenant: str) -> dict[str, int]:
+        """file id → bytes of each file the tenant keeps."""
         index = keys.files(tenant)
         ids = await index_ids(self.redis, index, 0, -1, desc=False)
         if not ids:
-            return 0, 0
+            return {}
         async with self.redis.pipeline(transaction=False) as p:
             for i in ids:
                 p.hget(keys.file(i), FileField.BYTES)
             sizes = await p.execute()
         if gone := [i for i, size in zip(ids, sizes, strict=True) if size is None]:
             await self.redis.zrem(index, *gone)
-        held = [int(size) for size in sizes if size is not None]
-        return len(held), sum(held)
+        return {i: int(size) for i, size in zip(ids, sizes, strict=True) if size is not None}
 
     @unavailable
     async def chunk(self, file_id: str, offset: int) -> bytes:

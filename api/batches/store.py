@@ -19,6 +19,7 @@ results and end batches.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import secrets
 import time
@@ -30,6 +31,7 @@ import orjson
 from redis.asyncio import Redis
 
 from inferq.api.batches.files import index_ids, index_rank
+from inferq.api.batches.pending import Pending
 from inferq.shared import keys, lua
 from inferq.shared.errors import JobConflict, JobNotFound
 from inferq.shared.lua import batches as scripts
@@ -132,6 +134,7 @@ class BatchStore:
         self._renew = redis.register_script(lua.source(scripts.RENEW))
         self._release = redis.register_script(lua.source(scripts.RELEASE))
         self._keep = redis.register_script(lua.source(scripts.KEEP))
+        self._creating = Pending()  # this process's creations under way
 
     # --- records ---
     @unavailable
@@ -144,11 +147,12 @@ class BatchStore:
         window: str,
         total: int,
         metadata: dict[str, str] | None,
+        batch_id: str = "",
     ) -> BatchRecord:
         now = time.time()
         created = int(now)
         fields = {
-            BatchField.ID: new_batch_id(),
+            BatchField.ID: batch_id or new_batch_id(),
             BatchField.TENANT: tenant,
             BatchField.STATUS: BatchStatus.VALIDATING,
             BatchField.ENDPOINT: endpoint,
@@ -263,7 +267,21 @@ class BatchStore:
 
     async def running(self, tenant: str) -> int:
         """Batches of `tenant` not final yet (what `INFERQ_TENANT_MAX_BATCHES` caps)."""
-        return sum(1 for _, t in await self.active_with_tenants() if t == tenant)
+        return len(await self._running_ids(tenant))
+
+    async def running_with_creating(self, tenant: str) -> int:
+        """`running` plus this process's creations of the tenant that it did not see
+        (`inferq.api.batches.pending`): what a new batch's quota check counts."""
+        count, _ = await self._creating.count(tenant, lambda: self._running_ids(tenant))
+        return count
+
+    def creating(self, tenant: str, batch_id: str) -> contextlib.AbstractContextManager[None]:
+        """Count the batch `batch_id` in `running_with_creating` until it is created (or its
+        creation fails); entered with no await after the quota check."""
+        return self._creating.adding(tenant, batch_id)
+
+    async def _running_ids(self, tenant: str) -> dict[str, int]:
+        return {b: 1 for b, t in await self.active_with_tenants() if t == tenant}
 
     @unavailable
     async def deactivate(self, batch_id: str) -> None:

@@ -21,8 +21,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from inferq.api.batches.files import FileStore
 from inferq.api.batches.lines import ENDPOINTS, check_file
-from inferq.api.batches.store import WINDOWS
+from inferq.api.batches.store import WINDOWS, BatchRecord, BatchStore, new_batch_id
 from inferq.api.core.decode import MAX_CONTROL_JSON_BYTES, json_budget
 from inferq.api.responses import FastJSON, list_page
 from inferq.api.routes.deps import Batches, Config, Files, Leases, Memory, Tenant
@@ -116,13 +117,28 @@ async def create_batch(
     await memory.check()  # Redis nearly full: 503 before anything is read
     body = await _read_create(request, settings)
     _check(body)
-    if (running := await batches.running(tenant)) >= settings.tenant_max_batches:
+    batch_id = new_batch_id()
+    if (running := await batches.running_with_creating(tenant)) >= settings.tenant_max_batches:
         raise Overloaded(
             f"tenant {tenant!r} has {running} batches running (INFERQ_TENANT_MAX_BATCHES="
             f"{settings.tenant_max_batches})",
             QUOTA_RETRY_S,
             "tenant_batches",
         )
+    with batches.creating(tenant, batch_id):  # no await since the check
+        rec = await _create(body, batch_id, batches, files, settings, tenant)
+    leases.poke()  # start it here and now, not at the next scan
+    return FastJSON(rec.view())
+
+
+async def _create(
+    body: BatchCreate,
+    batch_id: str,
+    batches: BatchStore,
+    files: FileStore,
+    settings: Settings,
+    tenant: str,
+) -> BatchRecord:
     src = await files.get(body.input_file_id, tenant)
     if src.purpose != "batch":
         raise InputInvalid(
@@ -135,16 +151,15 @@ async def create_batch(
     total = await asyncio.to_thread(
         check_file, content, settings.max_batch_lines, settings.max_json_values
     )
-    rec = await batches.create(
+    return await batches.create(
         tenant,
         input_file_id=src.id,
         endpoint=body.endpoint,
         window=body.completion_window,
         total=total,
         metadata=body.metadata,
+        batch_id=batch_id,
     )
-    leases.poke()  # start it here and now, not at the next scan
-    return FastJSON(rec.view())
 
 
 @router.get("/batches")

@@ -14,7 +14,7 @@ from typing import Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from inferq.api.batches.files import CHUNK_BYTES, PURPOSES
+from inferq.api.batches.files import CHUNK_BYTES, PURPOSES, new_file_id
 from inferq.api.core.redis_memory import FILE_WEIGHT
 from inferq.api.middleware import BodyTooLarge
 from inferq.api.responses import FastJSON, list_page
@@ -75,7 +75,7 @@ async def upload_file(
         raise InputInvalid("POST /v1/files takes multipart/form-data: a 'file' and 'purpose=batch'")
     # A tenant with no room left is refused before its upload is read (up to
     # INFERQ_MAX_BATCH_FILE_BYTES); once the size is known, checked again (usage read
-    # afresh, plus this process's uploads of the tenant under way).
+    # afresh, plus this process's uploads of the tenant that read did not see).
     check_file_quota(await files.usage(tenant), 0, settings, tenant)
     limit = settings.max_batch_file_bytes
     # Redis memory for the upload is reserved before it is read, by its Content-Length (a
@@ -86,11 +86,11 @@ async def upload_file(
         purpose, filename, content = await _read_upload(request, limit)
         if len(content) > declared:
             await held.grow(len(content) - declared)
-        usage = await files.usage(tenant)
-        count, size = files.pending(tenant)
-        check_file_quota((usage[0] + count, usage[1] + size), len(content), settings, tenant)
-        with files.uploading(tenant, len(content)):  # no await since the check
-            rec = await files.create(tenant, filename, purpose, content)
+        file_id = new_file_id()
+        usage = await files.usage_with_uploads(tenant)
+        check_file_quota(usage, len(content), settings, tenant)
+        with files.uploading(tenant, file_id, len(content)):  # no await since the check
+            rec = await files.create(tenant, filename, purpose, content, file_id=file_id)
         held.landed()
     return FastJSON(rec.view())
 

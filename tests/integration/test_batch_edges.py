@@ -4,6 +4,7 @@ in /v1/usage, and tenants take turns for a process's batch slots."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -128,6 +129,28 @@ def test_tenant_quotas_answer_429_and_show_in_usage(stack: Stack) -> None:
     assert usage["batches"] == {"running": 1, "max_running": 1}
     other = httpx.get(f"{base}/v1/usage", headers=B, timeout=5).json()
     assert other["files"]["count"] == 1 and other["batches"]["running"] == 0
+
+
+def test_concurrent_creates_of_one_tenant_cannot_pass_its_batch_quota(stack: Stack) -> None:
+    """12 concurrent POST /v1/batches of one tenant against INFERQ_TENANT_MAX_BATCHES=3 (no
+    worker: every batch stays running): each counts against the quota from its check until
+    its record is listed, so three are created and nine refused with 429."""
+    base = stack.api(tenant_max_batches=3)
+    lines = b"\n".join(_line(f"c{i}", {"input": "x"}) for i in range(2000)) + b"\n"
+    file_id = _upload_raw(base, lines).json()["id"]
+    body = {"input_file_id": file_id, "endpoint": "/v1/infer", "completion_window": "24h"}
+
+    async def creates() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as c:
+            return await asyncio.gather(
+                *(c.post(f"{base}/v1/batches", json=body) for _ in range(12))
+            )
+
+    replies = asyncio.run(creates())
+    codes = sorted(r.status_code for r in replies)
+    assert codes == [200] * 3 + [429] * 9, [(r.status_code, r.text[:120]) for r in replies]
+    usage = httpx.get(f"{base}/v1/usage", timeout=5).json()
+    assert usage["batches"] == {"running": 3, "max_running": 3}
 
 
 def test_a_tenant_with_one_batch_is_not_queued_behind_anothers_many(stack: Stack) -> None:
