@@ -10,8 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inferq.api.core.decode import InvalidBody
-from inferq.api.core.errors import request_error, retry_headers, validation_message
-from inferq.api.core.views import error_body
+from inferq.api.core.errors import error_body, request_error, retry_headers, validation_message
 from inferq.api.middleware import BodyLimit, BodyTooLarge
 from inferq.api.parts import parts_of
 from inferq.api.responses import FastJSON

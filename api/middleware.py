@@ -9,7 +9,7 @@ from __future__ import annotations
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferq.api.core.views import error_body
+from inferq.api.core.errors import error_body
 from inferq.api.responses import FastJSON
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 import numpy as np
@@ -55,6 +55,25 @@ def new_job_id(model: str, shard: int = 0, shards: int = 1) -> str:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+class Clock(Protocol):
+    """Two clocks, passed in so tests can drive time instead of waiting for it.
+    `monotonic()` (seconds) orders and times things inside one process: batch waits, run
+    times, the take-over schedule, stuck batches. `now_ms()` (wall milliseconds) is what job
+    records carry: created, started and finished times and deadlines, across processes."""
+
+    def monotonic(self) -> float: ...
+
+    def now_ms(self) -> int: ...
+
+
+class SystemClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def now_ms(self) -> int:
+        return now_ms()
 
 
 @dataclass(slots=True)

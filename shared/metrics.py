@@ -126,13 +126,17 @@ class WorkerMetrics:
     device_memory_bytes: Gauge
     background_errors: Counter
 
+    def memory_series(self) -> tuple[Gauge, ...]:
+        """The `inferq_device_memory_bytes{kind}` series, in `MEMORY_KINDS` order."""
+        return tuple(self.device_memory_bytes.labels(kind=kind) for kind in MEMORY_KINDS)
+
     def set_device_memory(
         self, allocated: float, reserved: float, total: float, footprint: float, budget: float
     ) -> None:
         """Set every `inferq_device_memory_bytes{kind}` series at once."""
         values = (allocated, reserved, total, footprint, budget)
-        for kind, value in zip(MEMORY_KINDS, values, strict=True):
-            self.device_memory_bytes.labels(kind=kind).set(value)
+        for series, value in zip(self.memory_series(), values, strict=True):
+            series.set(value)
 
 
 def api_metrics(registry: CollectorRegistry | None = None) -> ApiMetrics:

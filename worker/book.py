@@ -5,27 +5,80 @@ to the outbox), `hand_back` (it never started: it goes back to the queue) or `fo
 was made final elsewhere, e.g. cancelled: its entry is acked). The book is also the
 executor's sink: rows scatter into their jobs' outputs, a failed item fails its whole job
 and drops the job's other pending items, so they never reach the device.
+
+What the book holds per job (`JobState`): its record, its entry, its items' outcomes. A job
+is split into items (one per input); items may run in different batches. The job's state
+collects their outputs and becomes final when the last one has an outcome, or at once
+when one fails (its other items are then dropped before they run).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from inferq.shared.jobs import ErrorCode, JobError, Status, encode_final, plain
-from inferq.shared.queue import Final
-from inferq.worker.clock import Clock
+from inferq.shared.jobs import Clock, ErrorCode, Job, JobError, Status, encode_final, plain
+from inferq.shared.queue import Entry, Final
 from inferq.worker.outbox import Outbox
 from inferq.worker.policy.batcher import Item
-from inferq.worker.policy.ceiling import LiveCeiling
-from inferq.worker.policy.scheduler import Owner
-from inferq.worker.state import JobState, work
+from inferq.worker.policy.scheduler import LiveCeiling, Owner
 from inferq.worker.telemetry import Telemetry
 
 log = logging.getLogger("inferq.worker")
+
+
+@dataclass(eq=False, slots=True)
+class JobState:
+    job: Job
+    entry: Entry
+    remaining: int  # items without an outcome yet
+    outputs: list[Any] = field(default_factory=list)  # one per input, in input order
+    error: JobError | None = None
+    final_status: Status | None = None  # set once, when the job is handed to the outbox
+    batch_size: int = 0  # the largest batch any of its items ran in
+    batch_tokens: int = 0  # the largest padded cost of those batches
+    counted: bool = False  # its first device start is counted in `attempts`
+    # Its claim also counted that start (Intake.admit, idle): its first batch skips START.
+    start_checked: bool = False
+    dead_letter: bool = False
+    lost: bool = False  # another worker took its entry over: it is theirs now
+
+    @property
+    def done(self) -> bool:
+        return self.final_status is not None or self.lost
+
+    @property
+    def items_done(self) -> int:
+        """Inputs with an output (a job that failed at admission has none)."""
+        return len(self.outputs) - self.remaining if self.outputs else 0
+
+    @property
+    def attempts(self) -> int:
+        return self.job.attempts
+
+    @property
+    def suspect(self) -> bool:
+        """It was on a device when a worker died (`attempts` counts device starts): it runs
+        alone, so it can only take itself down, not the healthy jobs batched with it."""
+        return self.job.attempts >= 1
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """One item's identity inside a batch (the batcher's `Item.key`)."""
+
+    state: JobState
+    index: int  # which input of the job
+    payload: Any  # what the model's `prepare` made of it
+
+
+def work(item: Item) -> Work:
+    """The identity an item carries through the batch policy (`Item.key`)."""
+    return item.key  # type: ignore[no-any-return]
 
 
 def job_outputs(outputs: list[Any]) -> np.ndarray | list[Any]:

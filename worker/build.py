@@ -13,17 +13,17 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from inferq.shared.consumer import JobConsumer
+from inferq.shared.jobs import Clock, SystemClock
 from inferq.shared.metrics import WorkerMetrics
 from inferq.shared.registry import ModelInfo, WorkerRegistry
 from inferq.shared.settings import Settings
 from inferq.worker.book import Book
-from inferq.worker.clock import Clock, SystemClock
 from inferq.worker.executor import Executor
+from inferq.worker.heartbeat import Heartbeat
 from inferq.worker.intake import Intake
 from inferq.worker.models.base import Model, model_version
 from inferq.worker.outbox import Outbox
-from inferq.worker.policy.ceiling import LiveCeiling
-from inferq.worker.policy.scheduler import Scheduler
+from inferq.worker.policy.scheduler import LiveCeiling, Scheduler
 from inferq.worker.runtime import Worker, WorkerIdentity, WorkerParts
 from inferq.worker.telemetry import Telemetry
 
@@ -108,6 +108,13 @@ def build_worker(
         clock=clock,
     )
     executor = Executor(model, scheduler, threads=plan.model_threads, device=plan.device)
+    heartbeat = Heartbeat(
+        registry,
+        period_s=settings.heartbeat_s,
+        ttl_s=settings.heartbeat_ttl_s,
+        stuck_after_s=settings.visibility_timeout_s,
+        errors=metrics.background_errors if metrics is not None else None,
+    )
     parts = WorkerParts(
         queue=queue,
         registry=registry,
@@ -117,6 +124,7 @@ def build_worker(
         book=book,
         intake=intake,
         executor=executor,
+        heartbeat=heartbeat,
         info=model_info(model, model_name, settings, plan.backend),
         clock=clock,
     )

@@ -23,10 +23,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from inferq.shared.jobs import ErrorCode, Job, JobError
+from inferq.worker.book import JobState, Work, work
 from inferq.worker.models.base import Model, ModelError, Prepared, is_oom
 from inferq.worker.policy.batcher import Item
 from inferq.worker.policy.scheduler import padded_cost
-from inferq.worker.state import JobState, Work, work
 
 log = logging.getLogger("inferq.worker")
 

@@ -1,7 +1,8 @@
 """The worker's heartbeat: every `heartbeat_s`, a snapshot of the worker goes to the registry.
 
-The worker hands in a function that returns a `Snapshot` (its beat record, the entries it
-holds, whether a batch is stuck); the heartbeat only writes it (`WorkerRegistry.beat`), so it
+The worker's composition root builds it; the worker hands `loop` a function that returns a
+`Snapshot` (its beat record, the entries it holds, whether a batch is stuck) and one told of
+entries another worker took over; the heartbeat only writes the snapshot (`WorkerRegistry.beat`), so it
 reads no worker attributes and can be tested with any snapshot. Held entries are kept fresh
 only while the device makes progress: a batch stuck past the visibility timeout stops the
 refresh, and the entries become claimable by others: the heartbeat runs on the event loop,
@@ -31,46 +32,50 @@ class Snapshot:
     stuck: bool = False  # a batch has run longer than the visibility timeout
 
 
+Lost = Callable[[dict[str, list[str]]], None]  # held entries another worker took over
+
+
+def _ignore(lost: dict[str, list[str]]) -> None:
+    pass
+
+
 class Heartbeat:
     def __init__(
         self,
         registry: WorkerRegistry,
-        snapshot: Callable[[], Snapshot],
         *,
         period_s: float,
         ttl_s: float,
         stuck_after_s: float,
-        on_lost: Callable[[dict[str, list[str]]], None] = lambda lost: None,
         errors: Counter | None = None,
     ) -> None:
         self.registry = registry
-        self.snapshot = snapshot
         self.period_s = period_s
         self.ttl_ms = int(ttl_s * 1000)
         self.stuck_after_s = stuck_after_s
-        self.on_lost = on_lost  # held entries another worker took over (stream → ids)
         self._warned_stuck = False
         # A missed beat is retried every period, not on the growing backoff: a wait past the
         # TTL would let this worker look dead, and its jobs be taken, after Redis is back.
         period = Backoff(period_s, period_s)
         self._supervisor = Supervisor("heartbeat", STOP, errors, backoff=period)
 
-    async def loop(self) -> None:
+    async def loop(self, snapshot: Callable[[], Snapshot], on_lost: Lost) -> None:
         """Beat every `period_s` until cancelled (`inferq.shared.supervise`, STOP). Redis
         down or refusing writes (NOREPLICAS, MISCONF, OOM: all `QueueUnavailable`) skips
         beats, never ends the loop: the next period is the retry, and one line says when
         beats stopped and one when they resumed. Anything else ends the worker."""
-        await self._supervisor.run(self._beat_then_wait)
 
-    async def _beat_then_wait(self) -> None:
-        await self.beat()
-        await asyncio.sleep(self.period_s)
+        async def beat_then_wait() -> None:
+            await self.beat(snapshot, on_lost)
+            await asyncio.sleep(self.period_s)
 
-    async def beat(self) -> None:
-        snap = self.snapshot()
+        await self._supervisor.run(beat_then_wait)
+
+    async def beat(self, snapshot: Callable[[], Snapshot], on_lost: Lost = _ignore) -> None:
+        snap = snapshot()
         lost = await self.registry.beat(snap.beat, self.ttl_ms, None if snap.stuck else snap.held)
         if lost:
-            self.on_lost(lost)
+            on_lost(lost)
         if snap.stuck and not self._warned_stuck:
             log.error(
                 "batch running for over %.0fs: no longer refreshing held entries",

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferq.shared.consumer import JobConsumer
-from inferq.shared.jobs import ErrorCode, Job, JobError, Status, decode_input
+from inferq.shared.jobs import Clock, ErrorCode, Job, JobError, Status, decode_input
 from inferq.shared.queue import Entry
 from inferq.shared.registry import WorkerRegistry
 from inferq.shared.schema import LANES
 from inferq.shared.settings import Settings
-from inferq.worker.clock import Clock
+from inferq.worker.book import JobState, Work
 from inferq.worker.models.base import (
     Input,
     InputKind,
@@ -46,7 +46,6 @@ from inferq.worker.models.base import (
 from inferq.worker.policy.batcher import Item
 from inferq.worker.policy.lanes import lane_order
 from inferq.worker.shard_reads import ShardReads
-from inferq.worker.state import JobState, Work
 
 log = logging.getLogger("inferq.worker")
 

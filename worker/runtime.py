@@ -40,23 +40,22 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from inferq.shared.consumer import JobConsumer
 from inferq.shared.errors import QueueUnavailable
-from inferq.shared.jobs import Status, pack_field
+from inferq.shared.jobs import Clock, Status, pack_field
 from inferq.shared.registry import ModelInfo, WorkerBeat, WorkerRegistry
 from inferq.shared.retry import Backoff
 from inferq.shared.settings import Settings
 from inferq.shared.supervise import STOP, Supervisor
-from inferq.worker.book import Book
-from inferq.worker.clock import Clock
+from inferq.worker.book import Book, JobState, Work, work
 from inferq.worker.executor import Executor
 from inferq.worker.heartbeat import Heartbeat, Snapshot
 from inferq.worker.intake import Arrivals, Intake
 from inferq.worker.outbox import Outbox
 from inferq.worker.policy.batcher import Batch, Item
 from inferq.worker.policy.scheduler import Scheduler
-from inferq.worker.state import JobState, Work, work
 from inferq.worker.telemetry import Telemetry
 
 log = logging.getLogger("inferq.worker")
@@ -65,25 +64,45 @@ _NOT_FINAL = {pack_field(str(s)) for s in Status if not s.is_final}
 
 
 EXIT_WAIT_S = 5.0  # how long a stopping worker waits for its cancelled loops to end
+RECANCEL_S = 1.0  # how often a loop still running is cancelled again meanwhile
 
 
 async def ended(tasks: set[asyncio.Task[None]], timeout_s: float) -> None:
-    """Wait for cancelled `tasks` to end, at most `timeout_s`. A loop that swallows its
-    cancellation (a client library turning it into its own error, which the loop then
-    retries) must not keep the worker from exiting; it is named, with where it waits."""
-    done, stuck = await asyncio.wait(tasks, timeout=timeout_s)
-    for t in done:
+    """Wait for cancelled `tasks` to end, at most `timeout_s`, cancelling those still running
+    again every `RECANCEL_S`: a library may swallow a cancel (Python 3.11's `wait_for`
+    returns the result of a call that finished as the cancel came; `LeanConnection` keeps
+    redis-py's writes off it, but not every library call). A loop that ignores every cancel
+    must not keep the worker from exiting; it is named, with where it waits."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    stuck = {t for t in tasks if not t.done()}
+    while stuck and (left := deadline - loop.time()) > 0:
+        _, stuck = await asyncio.wait(stuck, timeout=min(left, RECANCEL_S))
+        for t in stuck:
+            t.cancel()
+    for t in tasks - stuck:
         if not t.cancelled():
             t.exception()  # retrieved: an error here was already raised or logged above
     for t in stuck:
-        frames = t.get_stack(limit=3)
-        where = "; ".join(f"{f.f_code.co_filename}:{f.f_lineno}" for f in frames)
         log.error(
             "worker task %s did not end within %gs of its cancel (at %s)",
             t.get_name(),
             timeout_s,
-            where,
+            awaiting(t),
         )
+
+
+def awaiting(task: asyncio.Task[Any], limit: int = 4) -> str:
+    """Where `task` waits: the innermost `limit` frames of its chain of awaits (its own
+    stack holds only its outermost coroutine while it is suspended)."""
+    frames: list[str] = []
+    coro: Any = task.get_coro()
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            frames.append(f"{frame.f_code.co_filename}:{frame.f_lineno}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return "; ".join(frames[-limit:])
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +127,7 @@ class WorkerParts:
     book: Book
     intake: Intake
     executor: Executor
+    heartbeat: Heartbeat
     info: ModelInfo  # what the model takes and gives, declared in Redis at start
     clock: Clock
 
@@ -124,15 +144,7 @@ class Worker:
         self.intake, self.executor = parts.intake, parts.executor
         metrics = parts.telemetry.metrics
         self._errors = metrics.background_errors if metrics is not None else None
-        self.heartbeat = Heartbeat(
-            self.registry,
-            self.snapshot,
-            period_s=settings.heartbeat_s,
-            ttl_s=settings.heartbeat_ttl_s,
-            stuck_after_s=settings.visibility_timeout_s,
-            on_lost=self._on_lost,
-            errors=self._errors,
-        )
+        self.heartbeat = parts.heartbeat
         self.handed_back = 0
         self._on_device: dict[int, tuple[Batch, float]] = {}  # batch → (batch, started at)
         self._running: set[asyncio.Task[None]] = set()
@@ -170,7 +182,9 @@ class Worker:
             self.settings.max_wait_ms,
         )
         tasks = {
-            asyncio.create_task(self.heartbeat.loop(), name="heartbeat"),
+            asyncio.create_task(
+                self.heartbeat.loop(self.snapshot, self._on_lost), name="heartbeat"
+            ),
             asyncio.create_task(self.outbox.run(), name="publish"),
             asyncio.create_task(self._consume(), name="consume"),
             asyncio.create_task(self._schedule(), name="schedule"),

@@ -14,8 +14,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from prometheus_client import Counter, Gauge, Histogram
+
 from inferq.shared.jobs import ErrorCode, Job, JobError, Status, now_ms
 from inferq.shared.metrics import WorkerMetrics
+from inferq.shared.schema import FINAL
 from inferq.shared.settings import Settings
 from inferq.worker.memory import SnapshotState, device_memory, footprint_bytes
 
@@ -53,6 +56,30 @@ class Counts:
         return sum(n for _, n in recent) / min(span, window_s)
 
 
+@dataclass(frozen=True, slots=True)
+class _Series:
+    """This worker's labelled series, looked up once: `labels()` costs a couple of µs, and
+    every job made three lookups and every batch seven."""
+
+    batch_size: Histogram
+    batch_tokens: Histogram
+    job_queue: Histogram
+    job_latency: Histogram
+    finished: dict[Status, Counter]
+    memory: tuple[Gauge, ...]
+
+    @classmethod
+    def of(cls, m: WorkerMetrics, model: str) -> _Series:
+        return cls(
+            batch_size=m.batch_size.labels(model=model),
+            batch_tokens=m.batch_tokens.labels(model=model),
+            job_queue=m.job_queue_seconds.labels(model=model),
+            job_latency=m.job_latency_seconds.labels(model=model),
+            finished={s: m.jobs_finished.labels(model=model, status=str(s)) for s in FINAL},
+            memory=m.memory_series(),
+        )
+
+
 class Telemetry:
     def __init__(
         self,
@@ -74,6 +101,7 @@ class Telemetry:
         self._clock = clock
         self._footprint_at = float("-inf")
         self._snapshots: SnapshotState | None = None  # made on first use
+        self._series = None if metrics is None else _Series.of(metrics, model_name)
 
     def read_memory(self) -> tuple[int, int, int]:
         m = device_memory(self.device)
@@ -95,13 +123,15 @@ class Telemetry:
         c.last_batch_size, c.last_batch_tokens, c.last_batch_at_ms = items, padded, now_ms()
         c.recent.append((time.monotonic(), items))
         alloc, reserved, total = self.read_memory()
-        if self.metrics:
-            m = self.metrics
-            m.batch_size.labels(model=self.model_name).observe(items)
-            m.batch_tokens.labels(model=self.model_name).observe(padded)
+        if self.metrics and self._series:
+            m, series = self.metrics, self._series
+            series.batch_size.observe(items)
+            series.batch_tokens.observe(padded)
             m.batch_seconds.observe(run_s)
             m.token_ceiling.set(ceiling)
-            m.set_device_memory(alloc, reserved, total, self.footprint, self.budget)
+            memory = (alloc, reserved, total, self.footprint, self.budget)
+            for gauge, value in zip(series.memory, memory, strict=True):
+                gauge.set(value)
         if log.isEnabledFor(logging.INFO):
             log.info(
                 "batch items=%d tokens=%d/%d run_ms=%.1f mem=%.0f/%.0f/%.0fMiB (%.0f%%) "
@@ -150,17 +180,16 @@ class Telemetry:
         else:
             c.jobs_failed += 1
             c.jobs_poisoned += error is not None and error.code == ErrorCode.POISONED
-        if not self.metrics:
+        if not self.metrics or not self._series:
             return
-        m = self.metrics
-        m.jobs_finished.labels(model=self.model_name, status=str(status)).inc()
+        series = self._series
+        finished = series.finished.get(status)
+        if finished is None:  # a status no job ends in today: looked up as it comes
+            finished = self.metrics.jobs_finished.labels(model=self.model_name, status=str(status))
+        finished.inc()
         if job.started_ms is not None:
-            m.job_queue_seconds.labels(model=self.model_name).observe(
-                max(0, job.started_ms - job.created_ms) / 1000
-            )
-        m.job_latency_seconds.labels(model=self.model_name).observe(
-            max(0, end_ms - job.created_ms) / 1000
-        )
+            series.job_queue.observe(max(0, job.started_ms - job.created_ms) / 1000)
+        series.job_latency.observe(max(0, end_ms - job.created_ms) / 1000)
 
     def _maybe_snapshot(self, reserved: int, total: int) -> None:
         at = self.settings.snapshot_at

@@ -32,6 +32,8 @@ lines and the metrics all read these tables. Two tables, both here and nowhere e
 
 from __future__ import annotations
 
+from typing import Any
+
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError
 
 from inferq.shared.errors import (
@@ -156,3 +158,8 @@ def validation_message(errors: list[dict[str, object]]) -> tuple[str, list[dict[
         for e in errors
     ]
     return "; ".join(f"{d['loc']}: {d['msg']}" for d in detail) or "invalid request", detail
+
+
+def error_body(code: str, message: str) -> dict[str, Any]:
+    """The body of every error answer (`{"error": {"code", "message"}}`)."""
+    return {"error": {"code": code, "message": message}}

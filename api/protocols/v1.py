@@ -2,7 +2,8 @@
 decoder (`core.decode.job_body`, held to the documented models by a test), submitted as a
 `Submission`, refused and answered in inferq's error shape (`{"error": {"code", "message"}}`,
 statuses from `core.errors`). Multipart uploads are read by the route (`routes.jobs`), the
-other body shape.
+other body shape. `job_view` is what a client sees of a job, as plain data: the routes
+serialise it, webhooks sign it, batch lines record it.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from typing import Any
 
 from inferq.api.core.catalog import ModelCatalog
 from inferq.api.core.decode import InvalidBody, JobBody, job_body
-from inferq.api.core.errors import job_failure, request_error
+from inferq.api.core.errors import error_body, job_failure, request_error
 from inferq.api.core.service import Submission
-from inferq.api.core.views import error_body, job_view
 from inferq.api.protocols import Answer
 from inferq.shared.errors import RequestError
 from inferq.shared.jobs import Job, Status
@@ -86,3 +86,27 @@ class Infer:
     @staticmethod
     def answer(req: JobBody, job: Job) -> Answer:
         return Answer(final_status(job), job_view(job))
+
+
+def job_view(job: Job, *, outputs: bool = True) -> dict[str, Any]:
+    view: dict[str, Any] = {"id": job.id, "model": job.model, "status": str(job.status)}
+    if outputs and job.outputs is not None:
+        view["outputs"] = job.outputs
+    if job.error is not None:
+        view["error"] = {"code": job.error.code, "message": job.error.message}
+    view["timings"] = job.timings()
+    if job.worker:
+        view["worker"] = job.worker
+    # Progress: written by its worker before each batch, so it trails the batch on the device.
+    view["items_total"] = job.items
+    view["items_done"] = job.items if job.status is Status.SUCCEEDED else job.items_done
+    if job.cancel_requested and not job.status.is_final:
+        view["cancel_requested"] = True
+    if job.metadata:
+        view["metadata"] = job.metadata
+    view["created_at"] = job.created_ms // 1000
+    return view
+
+
+def accepted_view(job: Job) -> dict[str, Any]:
+    return {"id": job.id, "status": str(job.status), "model": job.model}

@@ -29,7 +29,6 @@ from inferq.api.core.schemas import (
     SubmitRequest,
 )
 from inferq.api.core.service import JobService, Submission
-from inferq.api.core.views import accepted_view, job_view
 from inferq.api.protocols import v1
 from inferq.api.responses import MSGPACK, FastJSON, record_response, wants_msgpack
 from inferq.api.routes.deps import (
@@ -146,11 +145,13 @@ def json_submission(
 
 
 def _accepted(job: Job) -> FastJSON:
-    return FastJSON(accepted_view(job), status_code=202, headers={"Location": f"/v1/jobs/{job.id}"})
+    return FastJSON(
+        v1.accepted_view(job), status_code=202, headers={"Location": f"/v1/jobs/{job.id}"}
+    )
 
 
 async def view(jobs: JobService, job: Job) -> dict[str, object]:
-    body = job_view(job)
+    body = v1.job_view(job)
     position, eta = await jobs.progress(job)
     if position is not None:
         body["position"], body["eta_ms"] = position, eta
@@ -224,7 +225,7 @@ async def list_jobs(
     page = await parts.listing.page(
         tenants, filt, limit=q.limit, after=q.after, outputs=q.include_outputs
     )
-    data = [job_view(j, outputs=q.include_outputs) for j in page.jobs]
+    data = [v1.job_view(j, outputs=q.include_outputs) for j in page.jobs]
     return FastJSON(
         {
             "object": "list",
@@ -283,7 +284,7 @@ async def cancel_job(job_id: str, jobs: Jobs, tenant: Tenant) -> FastJSON:
     `cancel_requested` when a worker runs it (it ends `cancelled`, with the outputs it has,
     at the worker's next batch boundary); 409 if it already ended."""
     job = await jobs.cancel(job_id, tenant)
-    return FastJSON(job_view(job), status_code=200 if job.status.is_final else 202)
+    return FastJSON(v1.job_view(job), status_code=200 if job.status.is_final else 202)
 
 
 @router.post(
@@ -336,5 +337,5 @@ async def run_job(
         return FastJSON({"status": "cancelled"}, status_code=499)
     if not job.status.is_final:
         location = {"Location": f"/v1/jobs/{job.id}"}
-        return record_response(accepted_view(job), 202, location, packed=packed)
-    return record_response(job_view(job), v1.final_status(job), packed=packed)
+        return record_response(v1.accepted_view(job), 202, location, packed=packed)
+    return record_response(v1.job_view(job), v1.final_status(job), packed=packed)

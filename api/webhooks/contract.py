@@ -49,7 +49,7 @@ from typing import Any, Literal
 import msgpack
 import orjson
 
-from inferq.api.core.views import job_view
+from inferq.api.protocols.v1 import job_view
 from inferq.api.webhooks import ssrf
 from inferq.shared.errors import CodecError, InputInvalid
 from inferq.shared.jobs import Job, now_ms

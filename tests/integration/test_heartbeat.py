@@ -41,8 +41,8 @@ async def test_a_beat_writes_the_record_and_refreshes_held_entries_unless_stuck(
             self.refreshed.append(refresh)
             await super().beat(beat, ttl_ms, refresh)
 
-    hb = Heartbeat(Spy(r), snapshot, period_s=1, ttl_s=5, stuck_after_s=30)
-    await hb.beat()
+    hb = Heartbeat(Spy(r), period_s=1, ttl_s=5, stuck_after_s=30)
+    await hb.beat(snapshot)
     assert calls == [snap]
     record = decode_beat(await r.hgetall(keys.worker("w1")))
     assert record["token_ceiling"] == 512 and record["items_per_s"] == 3.5
@@ -54,7 +54,7 @@ async def test_a_beat_writes_the_record_and_refreshes_held_entries_unless_stuck(
     assert pending["times_delivered"] == 1  # JUSTID: refreshed, not redelivered
 
     snap = Snapshot(_beat(now), held={keys.stream("echo"): [eid]}, stuck=True)
-    await hb.beat()  # stuck: the entries are left to age, so another worker can take them
+    await hb.beat(snapshot)  # stuck: the entries are left to age, so another worker can take them
     assert Spy.refreshed == [{keys.stream("echo"): [eid]}, None]
     await hb.unregister("w1", "echo")
     assert not await r.exists(keys.worker("w1"))
@@ -72,11 +72,8 @@ async def test_a_resumed_worker_does_not_steal_back_what_was_taken_over(redis_ur
     await r.xclaim(s, keys.GROUP, "w2", 0, [taken])  # w1 froze; w2 took one over
     lost: list[dict[str, list[str]]] = []
     now = 1_700_000_000_000
-    hb = Heartbeat(
-        WorkerRegistry(r), lambda: Snapshot(_beat(now), held={s: [mine, taken]}),
-        period_s=1, ttl_s=5, stuck_after_s=30, on_lost=lost.append,
-    )  # fmt: skip
-    await hb.beat()
+    hb = Heartbeat(WorkerRegistry(r), period_s=1, ttl_s=5, stuck_after_s=30)
+    await hb.beat(lambda: Snapshot(_beat(now), held={s: [mine, taken]}), lost.append)
     assert lost == [{s: [taken]}]
     owners = {p["message_id"].decode(): p["consumer"].decode()
               for p in await r.xpending_range(s, keys.GROUP, "-", "+", 10)}  # fmt: skip

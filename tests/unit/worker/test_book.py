@@ -11,11 +11,9 @@ from inferq.shared.jobs import ErrorCode, Job, JobError, Status, decode_outputs
 from inferq.shared.queue import Entry, Final
 from inferq.shared.schema import JobField
 from inferq.shared.settings import Settings
-from inferq.worker.book import Book, job_outputs
+from inferq.worker.book import Book, JobState, Work, job_outputs
 from inferq.worker.policy.batcher import Item
-from inferq.worker.policy.ceiling import LiveCeiling
-from inferq.worker.policy.scheduler import Scheduler
-from inferq.worker.state import JobState, Work
+from inferq.worker.policy.scheduler import LiveCeiling, Scheduler
 from inferq.worker.telemetry import Telemetry
 
 

@@ -8,6 +8,7 @@ import logging
 
 import pytest
 
+from inferq.worker import runtime
 from inferq.worker.runtime import ended
 
 
@@ -50,3 +51,27 @@ async def test_cancelled_loops_end_and_a_stubborn_one_is_named_not_awaited(
     stuck.cancel()
     await asyncio.wait({stuck}, timeout=2)
     assert stuck.done()
+
+
+async def test_a_loop_that_swallowed_one_cancel_is_cancelled_again_and_ends(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As Python 3.11's `wait_for` does when the call it waits on finished as the cancel came."""
+    monkeypatch.setattr(runtime, "RECANCEL_S", 0.05)
+    swallowed = 0
+
+    async def once_deaf() -> None:
+        nonlocal swallowed
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            swallowed += 1
+        await asyncio.sleep(60)
+
+    task = asyncio.create_task(once_deaf(), name="once_deaf")
+    await asyncio.sleep(0)
+    task.cancel()
+    with caplog.at_level(logging.ERROR, logger="inferq.worker"):
+        await ended({task}, 2)
+    assert task.cancelled() and swallowed == 1
+    assert not caplog.records

@@ -13,12 +13,11 @@ from hypothesis import strategies as st
 
 from inferq.shared.jobs import ErrorCode, Job, JobError
 from inferq.shared.queue import Entry
+from inferq.worker.book import JobState, Work, work
 from inferq.worker.executor import Executor
 from inferq.worker.models.base import DeviceOutOfMemory
 from inferq.worker.policy.batcher import Item
-from inferq.worker.policy.ceiling import LiveCeiling
-from inferq.worker.policy.scheduler import Scheduler, padded_cost
-from inferq.worker.state import JobState, Work, work
+from inferq.worker.policy.scheduler import LiveCeiling, Scheduler, padded_cost
 
 
 def _state(name: str, n: int, attempts: int = 0) -> JobState:

@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from redis.crc import key_slot
 
 from inferq.api.app import create_app
-from inferq.api.core.views import job_view
+from inferq.api.protocols.v1 import job_view
 from inferq.api.responses import FastJSON
 from inferq.api.webhooks import contract as webhooks
 from inferq.api.webhooks import ssrf

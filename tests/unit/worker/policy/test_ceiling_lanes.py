@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferq.shared.schema import LANES
-from inferq.worker.policy.ceiling import LiveCeiling
 from inferq.worker.policy.lanes import lane_order
+from inferq.worker.policy.scheduler import LiveCeiling
 
 
 def test_oom_lowers_below_the_failed_size_and_successes_raise_it_back() -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inferq.worker.policy.concurrency import BUSY_WAIT_SHARE, Limits, limits, smooth
+from inferq.worker.policy.scheduler import BUSY_WAIT_SHARE, Limits, limits, smooth
 
 
 def test_idle_device_or_one_stream_keeps_the_configured_bounds() -> None:

@@ -1,0 +1,37 @@
+"""What a worker's telemetry puts in its metrics: each batch and each final job, in the
+series of its model (looked up once), the device memory by kind."""
+
+from __future__ import annotations
+
+from inferq.shared.jobs import Job, JobError, Status
+from inferq.shared.metrics import worker_metrics
+from inferq.shared.settings import Settings
+from inferq.worker.telemetry import Telemetry
+
+
+def test_batches_and_finals_land_in_the_models_series() -> None:
+    m = worker_metrics()
+    t = Telemetry(Settings(model="echo"), "m1", "cpu", m, budget_bytes=7)
+    t.on_batch(4, 64, 8192, 0.01, held=4, oldest_wait_s=0.0)
+    t.on_batch(2, 20, 8192, 0.01, held=0, oldest_wait_s=0.0)
+    job = Job(id="j", model="m1", inputs=["a"], created_ms=1000, started_ms=1500)
+    t.on_final(job, Status.SUCCEEDED, None, 3000)
+    t.on_final(job, Status.FAILED, JobError("model_error", "x"), 3000)
+    t.on_final(Job(id="k", model="m1", inputs=["a"], created_ms=1000), Status.EXPIRED, None, 2000)
+    r = m.registry
+
+    def value(name: str, **labels: str) -> float | None:
+        return r.get_sample_value(name, labels)
+
+    assert value("inferq_batch_size_count", model="m1") == 2
+    assert value("inferq_batch_size_sum", model="m1") == 6
+    assert value("inferq_batch_tokens_sum", model="m1") == 84
+    assert value("inferq_jobs_finished_total", model="m1", status="succeeded") == 1
+    assert value("inferq_jobs_finished_total", model="m1", status="failed") == 1
+    assert value("inferq_jobs_finished_total", model="m1", status="expired") == 1
+    assert value("inferq_job_queue_seconds_count", model="m1") == 2  # the expired one never started
+    assert value("inferq_job_queue_seconds_sum", model="m1") == 1.0
+    assert value("inferq_job_latency_seconds_sum", model="m1") == 5.0
+    assert value("inferq_device_memory_bytes", kind="budget") == 7
+    assert (value("inferq_device_memory_bytes", kind="reserved") or 0) > 0  # the RSS on a CPU
+    assert (t.counts.jobs_ok, t.counts.jobs_failed, t.counts.jobs_expired) == (1, 1, 1)
