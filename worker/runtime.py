@@ -374,7 +374,8 @@ class Worker:
             return max(0.0, deadline - loop.time())
 
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._consumed.wait(), left())
+            async with asyncio.timeout(left()):
+                await self._consumed.wait()
         on_device = {id(work(it).state) for b, _ in self._on_device.values() for it in b.items}
         await self._hand_back([s for s in self.book.jobs.values() if id(s) not in on_device])
         busy: set[asyncio.Task[None]] = set()
@@ -383,7 +384,8 @@ class Worker:
         await self._hand_back(list(self.book.jobs.values()))  # left with pending items, or stuck
         posted = False
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.outbox.drained(), left())
+            async with asyncio.timeout(left()):
+                await self.outbox.drained()
             posted = True
         if busy or not posted:
             log.error(

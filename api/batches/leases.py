@@ -163,7 +163,8 @@ class BatchLeases:
         """One pass of the scanner: wait for a poke (or SCAN_S), then take what we can. Its
         supervisor survives any Redis refusal or bug, backs off, and scans again."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._scan.wait(), SCAN_S)
+            async with asyncio.timeout(SCAN_S):
+                await self._scan.wait()
         self._scan.clear()
         await self._take()
 

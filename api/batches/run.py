@@ -324,7 +324,8 @@ class BatchRun:
         """Until a watched job may have changed, the runner pokes us, or the timeout. The
         caller then scans for done watches, so a wake cleared here is never lost."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.wake.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self.wake.wait()
         self.wake.clear()
 
     async def _check(self, job_ids: list[str]) -> None:

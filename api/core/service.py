@@ -482,9 +482,8 @@ class JobService:
                 if job.status.is_final or remaining <= 0 or self.shutting_down:
                     return job
                 with contextlib.suppress(TimeoutError):
-                    payload = await asyncio.wait_for(
-                        fut, min(remaining, self.settings.long_poll_recheck_s)
-                    )
+                    async with asyncio.timeout(min(remaining, self.settings.long_poll_recheck_s)):
+                        payload = await fut
                     published = self._published(payload, job_id, tenant)
             finally:
                 self.notifier.unwatch(job_id, fut)

@@ -309,7 +309,8 @@ class Dispatcher:
         wait_s = max(wait_s, 0.005)
         self._promote_at = self._clock() + wait_s
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), wait_s)
+            async with asyncio.timeout(wait_s):
+                await self._wake.wait()
 
     # --- one delivery (what happens to it: `webhooks.delivery`) ---
 
