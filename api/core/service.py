@@ -183,12 +183,13 @@ class JobService:
         else:
             await self.catalog.check(name, item_kinds(sub.items, self.settings), sub.parameters)
             inputs, _ = wire_inputs(sub.items, self.settings)
+        webhook = None
         if sub.webhook is not None:
             await self._check_webhook_backlog(name, sub.tenant)
-        # 422 without a signing key or for a URL the SSRF guard refuses (resolved off-loop).
-        webhook = await self._webhook_target(
-            self.settings, sub.tenant, sub.webhook, sub.webhook_events
-        )
+            # 422 without a signing key or for a URL the SSRF guard refuses (resolved off-loop).
+            webhook = await self._webhook_target(
+                self.settings, sub.tenant, sub.webhook, sub.webhook_events
+            )
         timeout_s = sub.timeout_s or self.settings.job_timeout_s
         created = now_ms()
         job = Job(
