@@ -7,6 +7,8 @@ balancer one can tell which served a request.
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import logging
 import os
 import secrets
@@ -37,6 +39,16 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def _http_protocol() -> type[asyncio.Protocol] | str:
+    """httptools (C) with one send an answer when installed, as the api extra does; else
+    uvicorn's choice (h11)."""
+    if importlib.util.find_spec("httptools") is None:
+        return "auto"
+    from inferq.api.one_write import OneWriteHttpTools
+
+    return OneWriteHttpTools
+
+
 def main(settings: Settings, host: str, port: int, fd: int | None = None) -> int:
     """Serve on host:port, or on the inherited listening socket `fd` (`inferq up`)."""
     setup_logging(settings.log_level, settings.log_format)
@@ -54,7 +66,7 @@ def main(settings: Settings, host: str, port: int, fd: int | None = None) -> int
         access_log=False,
         timeout_graceful_shutdown=10,
         timeout_keep_alive=max(1, round(settings.keepalive_s)),
-        http="auto",  # httptools (C) when installed, as the api extra does; h11 otherwise
+        http=_http_protocol(),
         log_level=logging.getLevelName(logging.getLogger().level).lower(),
         headers=[("X-Inferq-Api", instance)],
     )
