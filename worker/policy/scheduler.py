@@ -2,8 +2,8 @@
 
 It owns the batcher (`inferq.worker.policy.batcher`), the live ceiling (`LiveCeiling`), how
 many batches may run at once and how big a batch beside others may be (`limits`), the solo
-re-runs of suspect jobs, and how a batch that must not run whole is split. Pure: no I/O and no clock; callers pass `now` (monotonic seconds) and
-how many batches are running.
+re-runs of suspect jobs, and how a batch that must not run whole is split. Pure: no I/O and
+no clock; callers pass `now` (monotonic seconds) and how many batches are running.
 
 Invariants of `next`:
 
