@@ -23,7 +23,6 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 from redis.asyncio import Redis
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inferq.api import handlers
 from inferq.api.batches.files import FileStore
@@ -54,7 +53,7 @@ from inferq.api.routes import (
     usage,
 )
 from inferq.api.routes.deps import authenticate, require_admin
-from inferq.api.routes.fast import FastPath, is_hot
+from inferq.api.routes.fast import FastPath, InferqAPI
 from inferq.api.webhooks.contract import check_settings as check_webhook_settings
 from inferq.api.webhooks.contract import submit_target
 from inferq.api.webhooks.dispatcher import Dispatcher
@@ -109,26 +108,6 @@ def connect(settings: Settings) -> Connections:
     return Connections(
         requests, lambda: pubsub_client(url, connect_timeout_s=settings.redis_timeout_s, **where)
     )
-
-
-class InferqAPI(FastAPI):
-    """FastAPI, with the hot JSON routes answered ahead of its whole middleware stack: the
-    body limit, then the raw-ASGI path (`routes.fast`). Its error and telemetry wrappers,
-    its own body limit and the router cost a hot request ~14 % of its API CPU (py-spy, 32
-    clients) and did nothing for it (`FastPath` answers every error itself). Everything
-    else goes through the stack as FastAPI builds it."""
-
-    hot: ASGIApp | None = None
-
-    async def stack(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await super().__call__(scope, receive, send)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.hot is not None and scope["type"] == "http" and is_hot(scope):
-            scope["app"] = self  # what Starlette sets: the routes read `app.state`
-            await self.hot(scope, receive, send)
-        else:
-            await super().__call__(scope, receive, send)
 
 
 def create_app(settings: Settings, *, redis: Redis | None = None) -> FastAPI:
@@ -208,7 +187,7 @@ def _build(
             tenant_share=settings.tenant_queue_share if tenants > 1 else 1.0,
             max_webhooks=settings.tenant_max_webhooks,
         ),
-        cache=ResultCache(settings, redis),
+        cache=ResultCache(settings, redis) if settings.cache_ttl_s > 0 else None,
         memory=RedisMemory(redis, settings.redis_memory_high_water, metrics),
         webhook_target=submit_target,
     )

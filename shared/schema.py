@@ -37,12 +37,14 @@ class Status(StrEnum):
     EXPIRED = "expired"
     CANCELLED = "cancelled"
 
-    @property
-    def is_final(self) -> bool:
-        return self in FINAL
+    #: Whether the job is over (`FINAL`): a plain attribute, set on each member below, since
+    #: every read, write and answer of a job asks it.
+    is_final: bool
 
 
 FINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.EXPIRED, Status.CANCELLED})
+for _status in Status:
+    _status.is_final = _status in FINAL
 #: What a webhook may ask to be told of (`webhook.events`): its job's final statuses.
 WEBHOOK_EVENTS: tuple[str, ...] = tuple(str(s) for s in Status if s.is_final)
 

@@ -63,7 +63,7 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 def rss_bytes() -> int:
     """Current resident set size of this process."""
-    # statm is one short line (read once per batch); status is ~60 lines to scan.
+    # statm is one short line; status is ~60 lines to scan.
     try:
         with open("/proc/self/statm", "rb") as f:
             return int(f.read().split()[1]) * _PAGE

@@ -146,6 +146,7 @@ class Worker:
         self._errors = metrics.background_errors if metrics is not None else None
         self.heartbeat = parts.heartbeat
         self.handed_back = 0
+        self._prefetch = settings.prefetch_limit  # items held at most; a property, read once
         self._on_device: dict[int, tuple[Batch, float]] = {}  # batch → (batch, started at)
         self._running: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()  # new items, a finished batch, or stop
@@ -259,7 +260,7 @@ class Worker:
 
     async def _consume_once(self) -> None:
         """Read and admit what the prefetch room holds, or wait for room."""
-        room = self.settings.prefetch_limit - self.book.held_items()
+        room = self._prefetch - self.book.held_items()
         if room <= 0:
             self._room.clear()
             await self._room.wait()

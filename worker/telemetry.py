@@ -24,7 +24,7 @@ from inferq.worker.memory import SnapshotState, device_memory, footprint_bytes
 
 log = logging.getLogger("inferq.worker")
 
-FOOTPRINT_EVERY_S = 1.0  # how often a CUDA worker asks NVML for its footprint
+FOOTPRINT_EVERY_S = 1.0  # how often a worker reads its footprint (NVML; the RSS on a CPU)
 
 
 @dataclass(slots=True)
@@ -104,14 +104,21 @@ class Telemetry:
         self._series = None if metrics is None else _Series.of(metrics, model_name)
 
     def read_memory(self) -> tuple[int, int, int]:
-        m = device_memory(self.device)
-        self.memory = (m.allocated, m.reserved, m.total)
-        if not self.device.startswith("cuda"):
-            self.footprint = m.reserved  # the RSS
-        elif (now := self._clock()) - self._footprint_at >= FOOTPRINT_EVERY_S:
-            # NVML walks the device's process list: once a second, not once a batch.
+        """(allocated, reserved, total): on CUDA the allocator's counters, read each time
+        (cheap; the snapshot trigger follows them batch by batch); NVML's footprint, and on
+        a CPU the RSS (a /proc read, ~7 µs), at most once a second (`FOOTPRINT_EVERY_S`)."""
+        cuda = self.device.startswith("cuda")
+        if cuda:
+            m = device_memory(self.device)
+            self.memory = (m.allocated, m.reserved, m.total)
+        if (now := self._clock()) - self._footprint_at >= FOOTPRINT_EVERY_S:
             self._footprint_at = now
-            self.footprint = footprint_bytes(self.device)
+            if cuda:  # NVML walks the device's process list
+                self.footprint = footprint_bytes(self.device)
+            else:
+                m = device_memory(self.device)
+                self.memory = (m.allocated, m.reserved, m.total)
+                self.footprint = m.reserved  # the RSS
         return self.memory
 
     def on_batch(

@@ -118,7 +118,7 @@ class Checks:
 
     catalog: ModelCatalog
     admission: Admission
-    cache: ResultCache
+    cache: ResultCache | None  # None while INFERQ_CACHE_TTL_S is 0: no lookup at all
     memory: RedisMemory
     webhook_target: WebhookTarget
 
@@ -230,8 +230,13 @@ class JobService:
                 else await asyncio.to_thread(request_fingerprint, job)
             )
         digest = None
-        if self.cache.enabled(job.model) and (info := await self.catalog.info(job.model)):
-            digest = self.cache.digest(job, info.version) if info.version else None
+        cache = self.cache
+        if (
+            cache is not None
+            and cache.enabled(job.model)
+            and (info := await self.catalog.info(job.model))
+        ):
+            digest = cache.digest(job, info.version) if info.version else None
         pin = key_hash or digest
         shards = self.queue.shards
         first = int(pin[:8], 16) % shards if pin else next(self._turn) % shards
@@ -251,7 +256,7 @@ class JobService:
         place = await self._place(job, sub.idempotency_key)
         shards = self.queue.shards
         job.id = new_job_id(job.model, place.first, shards)
-        if place.digest is not None:
+        if place.digest is not None and self.cache is not None:
             key = keys.cache(place.digest, job.model, place.first, shards)
             hit = await self.cache.get(key)
             result = "hit" if hit else "miss"

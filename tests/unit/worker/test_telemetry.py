@@ -3,9 +3,12 @@ series of its model (looked up once), the device memory by kind."""
 
 from __future__ import annotations
 
+import pytest
+
 from inferq.shared.jobs import Job, JobError, Status
 from inferq.shared.metrics import worker_metrics
 from inferq.shared.settings import Settings
+from inferq.worker.memory import DeviceMemory
 from inferq.worker.telemetry import Telemetry
 
 
@@ -35,3 +38,35 @@ def test_batches_and_finals_land_in_the_models_series() -> None:
     assert value("inferq_device_memory_bytes", kind="budget") == 7
     assert (value("inferq_device_memory_bytes", kind="reserved") or 0) > 0  # the RSS on a CPU
     assert (t.counts.jobs_ok, t.counts.jobs_failed, t.counts.jobs_expired) == (1, 1, 1)
+
+
+def test_memory_is_read_once_a_second_on_a_cpu_and_the_allocator_each_batch_on_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a CPU the RSS (a /proc read) and on CUDA NVML's footprint are read at most once a
+    second, whatever the batch rate; CUDA's allocator counters, which the snapshot trigger
+    follows, every batch."""
+    from inferq.worker import telemetry
+
+    reads: list[str] = []
+
+    def device_memory(device: str) -> DeviceMemory:
+        reads.append(device)
+        return DeviceMemory(allocated=len(reads), reserved=len(reads), total=100)
+
+    monkeypatch.setattr(telemetry, "device_memory", device_memory)
+    monkeypatch.setattr(telemetry, "footprint_bytes", lambda device: 1000 + len(reads))
+    now = [10.0]
+    for device, per_batch in (("cpu", False), ("cuda:0", True)):
+        reads.clear()
+        t = Telemetry(Settings(model="echo"), "m1", device, None, clock=lambda: now[0])
+        for _ in range(5):  # five batches within one second
+            t.on_batch(1, 8, 8192, 0.001, held=0, oldest_wait_s=0.0)
+            now[0] += 0.1
+        assert len(reads) == (5 if per_batch else 1), (device, reads)
+        first = t.footprint
+        now[0] += 1.0
+        t.on_batch(1, 8, 8192, 0.001, held=0, oldest_wait_s=0.0)
+        assert len(reads) == (6 if per_batch else 2), (device, reads)
+        assert t.footprint != first  # read again past the second
+        assert t.memory[0] == len(reads)  # the latest reading
