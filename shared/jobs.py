@@ -13,7 +13,9 @@ shape beside them (never nested lists), or `{"items": [...]}`: one msgpack value
 from __future__ import annotations
 
 import secrets
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -130,8 +132,19 @@ class Job:
         }
 
 
+#: One msgpack Packer a thread (a Packer keeps a buffer, so threads must not share one):
+#: `msgpack.packb` builds a new Packer each call, ~0.3 µs against ~0.05 to pack a field, and a
+#: job record is a dozen fields. A pack that raises leaves the buffer empty (msgpack resets
+#: it), so the next one starts clean.
+_packers = threading.local()
+
+
 def _pack(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
+    try:
+        pack: Callable[[Any], bytes] = _packers.pack
+    except AttributeError:
+        pack = _packers.pack = msgpack.Packer(use_bin_type=True).pack
+    return pack(value)
 
 
 def _unpack(raw: bytes) -> Any:

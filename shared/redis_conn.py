@@ -212,13 +212,18 @@ class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     waits up to `timeout` for a free connection (never 'Too many connections')."""
 
 
-_PLAIN = frozenset({str, bytes, int})
+#: Argument types packed as hiredis packs them, grown by `_learn`: exactly str, bytes and
+#: int, and each str subclass met (the schema's StrEnum field names: a str either way). An
+#: int subclass (bool, IntEnum) is never added, and goes the library's way.
+_PLAIN: set[type] = {str, bytes, int}
 
 
-def _plain(arg: Any) -> bool:
-    # A str subclass (the schema's StrEnum field names) packs as its text either way; an
-    # int subclass (bool, IntEnum) does not, and goes the library's way.
-    return type(arg) in _PLAIN or isinstance(arg, str)
+def _learn(kinds: set[type]) -> bool:
+    """Whether every type in `kinds` packs plainly, remembering the str subclasses."""
+    if not all(issubclass(k, str) and not issubclass(k, int) for k in kinds - _PLAIN):
+        return False
+    _PLAIN.update(kinds)  # a set's update is atomic under the GIL: threads may share it
+    return True
 
 
 class FastPacker:
@@ -227,7 +232,8 @@ class FastPacker:
     a 48-argument FINISH packs in ~6 µs instead of ~25). Only commands whose arguments are
     all str (or a str enum), bytes or int take this way, which packs them to the same bytes (a
     test holds it); anything else (a float, a memoryview, a bool, an int enum, a two-word
-    command name) goes the library's way, with its checks."""
+    command name) goes the library's way, with its checks. The types are checked as one set
+    (`map(type, ...)`, no Python call an argument)."""
 
     __slots__ = ("_library",)
 
@@ -236,8 +242,10 @@ class FastPacker:
 
     def pack(self, *args: Any) -> list[bytes]:
         first = args[0]
-        if type(first) is str and " " not in first and all(_plain(a) for a in args):
-            return [hiredis.pack_command(args)]
+        if type(first) is str and " " not in first:
+            kinds = set(map(type, args))
+            if kinds <= _PLAIN or _learn(kinds):
+                return [hiredis.pack_command(args)]
         return cast(list[bytes], self._library.pack(*args))
 
 

@@ -89,3 +89,19 @@ def test_corrupt_records_raise_codec_error(mutate) -> None:  # type: ignore[no-u
 
 def test_final_statuses() -> None:
     assert {s for s in Status if s.is_final} == {"succeeded", "failed", "expired", "cancelled"}
+
+
+def test_fields_pack_as_packb_does_on_every_thread_and_after_a_failed_pack() -> None:
+    """`_pack` keeps one Packer a thread: what it writes is `msgpack.packb`'s, on threads
+    packing at once, and a value that cannot be packed leaves nothing behind for the next."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from inferq.shared.jobs import _pack
+
+    values = [f"job-{i}" * (i % 7) for i in range(2000)] + [{"a": [1, 2.5, b"x"]}] * 50
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(_pack, values))
+    assert got == [msgpack.packb(v, use_bin_type=True) for v in values]
+    with pytest.raises(TypeError):
+        _pack(["half", object()])
+    assert _pack("next") == msgpack.packb("next", use_bin_type=True)
