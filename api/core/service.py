@@ -384,15 +384,13 @@ class JobService:
         # The inputs are in Redis now: the wait holds none of the request's bytes.
         job.inputs = []
         queued = job if job.status is Status.QUEUED else None  # just read: no re-read
-        waiter = asyncio.ensure_future(self.wait(job.id, wait_s, tenant, submitted=queued))
         left = asyncio.ensure_future(gone())
         try:
-            await asyncio.wait({waiter, left}, return_when=asyncio.FIRST_COMPLETED)
+            final = await self._wait(job.id, wait_s, tenant, queued, left)
         finally:
             left.cancel()
-        if waiter.done():
-            return waiter.result()
-        waiter.cancel()
+        if final is not None:
+            return final
         if created:
             with contextlib.suppress(RequestError):
                 await self.cancel(job.id, tenant, only_if_queued=True)
@@ -471,6 +469,22 @@ class JobService:
 
         `submitted`: the job as this process just created it (queued), so the first read
         can be skipped: the notifier remembers a completion that beat this watch."""
+        job = await self._wait(job_id, wait_s, tenant, submitted, None)
+        assert job is not None  # only a client's leaving (`left`) ends a wait without one
+        return job
+
+    async def _wait(
+        self,
+        job_id: str,
+        wait_s: float,
+        tenant: str,
+        submitted: Job | None,
+        left: asyncio.Future[None] | None,
+    ) -> Job | None:
+        """`wait`, and None as soon as `left` (the client's disconnect) is done: the request's
+        own task races the completion against it, with no task of its own for the wait (one
+        task, a timeout and an `asyncio.wait` a request fewer). A re-read in progress is not
+        raced: a client that leaves then is seen when it returns."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         published: Job | None = None  # what the last completion message carried
@@ -487,9 +501,19 @@ class JobService:
                 remaining = deadline - loop.time()
                 if job.status.is_final or remaining <= 0 or self.shutting_down:
                     return job
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(min(remaining, self.settings.long_poll_recheck_s)):
-                        payload = await fut
-                    published = self._published(payload, job_id, tenant)
+                recheck = min(remaining, self.settings.long_poll_recheck_s)
+                if left is None:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(recheck):
+                            payload = await fut
+                        published = self._published(payload, job_id, tenant)
+                    continue
+                await asyncio.wait(
+                    (fut, left), timeout=recheck, return_when=asyncio.FIRST_COMPLETED
+                )
+                if fut.done():  # the completion first, even if the client left meanwhile
+                    published = self._published(fut.result(), job_id, tenant)
+                elif left.done():
+                    return None
             finally:
                 self.notifier.unwatch(job_id, fut)

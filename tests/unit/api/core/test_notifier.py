@@ -65,10 +65,7 @@ async def test_done_before_watch_is_remembered(
     ]  # fmt: skip  (only the last RECENT=3 completions: c, d, other)
 
 
-async def test_wait_after_submit_skips_the_first_read(
-    parts: tuple[Notifier, fakeredis.FakeAsyncRedis],
-) -> None:
-    n, r = parts
+def _service(n: Notifier, r: fakeredis.FakeAsyncRedis) -> JobService:
     settings, metrics = Settings(_env_file=None), api_metrics()
     checks = Checks(
         catalog=ModelCatalog(settings, WorkerRegistry(r)),
@@ -77,7 +74,14 @@ async def test_wait_after_submit_skips_the_first_read(
         memory=RedisMemory(r, settings.redis_memory_high_water, metrics),
         webhook_target=submit_target,
     )
-    service = JobService(settings, JobQueue(r, result_ttl_s=60), n, metrics, checks)
+    return JobService(settings, JobQueue(r, result_ttl_s=60), n, metrics, checks)
+
+
+async def test_wait_after_submit_skips_the_first_read(
+    parts: tuple[Notifier, fakeredis.FakeAsyncRedis],
+) -> None:
+    n, r = parts
+    service = _service(n, r)
     reads: list[str] = []
     real_get = service.get
 
@@ -96,3 +100,60 @@ async def test_wait_after_submit_skips_the_first_read(
     await r.publish(keys.done_channel("j2"), "final")
     done = await asyncio.wait_for(waiter, 5)
     assert done.status is Status.SUCCEEDED and reads == ["j2"]  # one read: the final one
+
+
+async def test_a_sync_wait_ends_with_the_client_or_the_job_whichever_comes_first(
+    parts: tuple[Notifier, fakeredis.FakeAsyncRedis],
+) -> None:
+    """`follow` races the completion against the client's leaving in the request's own task:
+    None once the client left (the job still queued), the job once it is final, and the job
+    too when both happen before the request's task runs again."""
+    n, r = parts
+    service = _service(n, r)
+    left, watching = asyncio.Event(), asyncio.Event()
+    watched: list[str] = []
+
+    async def gone() -> None:
+        watched.append("watching")
+        watching.set()
+        try:
+            await left.wait()
+        finally:
+            watched.append("stopped")
+
+    async def follow(job_id: str) -> Job | None:
+        job = Job(id=job_id, model="echo", inputs=["x"])
+        await r.hset(keys.job(job_id), mapping=encode_submit(job))
+        return await service.follow(job, False, "", 5.0, gone)
+
+    # The client leaves: None, while the job is still queued.
+    running = asyncio.ensure_future(follow("a"))
+    await asyncio.wait_for(watching.wait(), 5)  # the disconnect watch is up: it waits
+    left.set()
+    assert await asyncio.wait_for(running, 5) is None
+    assert watched == ["watching", "stopped"]
+
+    # The job ends first: the job, and the disconnect watch is stopped.
+    left.clear()
+    watching.clear()
+    watched.clear()
+    running = asyncio.ensure_future(follow("b"))
+    await asyncio.wait_for(watching.wait(), 5)
+    await r.hset(keys.job("b"), mapping=encode_final(Status.SUCCEEDED, finished_ms=1))
+    await r.publish(keys.done_channel("b"), "final")
+    done = await asyncio.wait_for(running, 5)
+    assert done is not None and done.status is Status.SUCCEEDED
+    await asyncio.sleep(0)  # the cancelled watch runs its `finally`
+    assert watched == ["watching", "stopped"]
+
+    # Both in one turn, while the request waits: the completion wins.
+    left.clear()
+    watching.clear()
+    watched.clear()
+    running = asyncio.ensure_future(follow("c"))
+    await asyncio.wait_for(watching.wait(), 5)
+    await r.hset(keys.job("c"), mapping=encode_final(Status.SUCCEEDED, finished_ms=1))
+    left.set()
+    n._wake("c")  # the completion message, as the listener hands it on (no payload: re-read)
+    done = await asyncio.wait_for(running, 5)
+    assert done is not None and done.status is Status.SUCCEEDED
