@@ -243,5 +243,6 @@ def _mount(app: InferqAPI, settings: Settings) -> None:
         "max_file_bytes": settings.max_batch_file_bytes,
     }
     app.add_middleware(UploadLimit, **limits)
-    # The hot JSON routes: behind the same limit, ahead of the whole stack (`InferqAPI`).
-    app.hot = UploadLimit(FastPath(app.stack), **limits)
+    # The hot JSON routes, ahead of the whole stack (`InferqAPI`); they apply the body limit
+    # as they read (`FastPath`).
+    app.hot = FastPath(app.stack, settings.max_body_bytes)

@@ -10,8 +10,9 @@ answers of `/v1/infer` and `GET /v1/jobs/{id}` (`Accept`: `responses.wants_msgpa
 same; the FastAPI routes stay registered, documented in the OpenAPI schema, and serve everything else
 (multipart uploads, DELETE, anything this does not recognise).
 
-It sits inside the body limit (`middleware.UploadLimit`), which refuses an oversized body
-before it is read here, and both sit ahead of FastAPI's own stack (`InferqAPI`, below: the app `create_app` builds).
+It applies the body limit itself as it reads a body (`middleware.BodyLimit`'s 413: a declared
+length past it is refused before reading, a chunked body as soon as it passes it), and sits
+ahead of FastAPI's own stack (`InferqAPI`, below: the app `create_app` builds).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from inferq.api.core.auth import tenant_of
 from inferq.api.core.decode import InvalidBody, number
 from inferq.api.handlers import error_response
+from inferq.api.middleware import BodyLimit, BodyTooLarge
 from inferq.api.parts import ApiParts
 from inferq.api.responses import FastJSON, wants_msgpack
 from inferq.api.routes import embeddings, jobs
@@ -53,6 +55,7 @@ class Call:
     headers: dict[bytes, bytes]
     tenant: str
     packed: bool  # a record in msgpack was asked for (`Accept`)
+    max_body: int  # INFERQ_MAX_BODY_BYTES
 
 
 Handler = Callable[[Call], Awaitable[Response]]
@@ -65,14 +68,14 @@ async def _read(call: Call) -> Response:
 
 
 async def _submit(call: Call) -> Response:
-    key, raw = _idempotency_key(call.headers), await _body(call.receive)
+    key, raw = _idempotency_key(call.headers), await _body(call.receive, call.max_body)
     return await jobs.submit_job_json(call.parts.jobs, call.parts.settings, call.tenant, key, raw)
 
 
 async def _infer(call: Call) -> Response:
     key, raw, settings = (
         _idempotency_key(call.headers),
-        await _body(call.receive),
+        await _body(call.receive, call.max_body),
         call.parts.settings,
     )
     sub, wait = jobs.json_submission(raw, settings, call.tenant, key, infer=True)
@@ -81,7 +84,7 @@ async def _infer(call: Call) -> Response:
 
 
 async def _embed(call: Call) -> Response:
-    key, raw = _idempotency_key(call.headers), await _body(call.receive)
+    key, raw = _idempotency_key(call.headers), await _body(call.receive, call.max_body)
     service, settings = call.parts.jobs, call.parts.settings
     return await embeddings.embeddings_json(
         service, settings, call.tenant, key, raw, _gone(call.receive)
@@ -120,15 +123,27 @@ def is_hot(scope: Scope, headers: dict[bytes, bytes] | None = None) -> bool:
     return hot_handler(scope, headers) is not None
 
 
-async def _body(receive: Receive) -> bytes:
+async def _body(receive: Receive, limit: int) -> bytes:
+    """The whole body; `BodyTooLarge` as soon as it passes `limit` bytes (a chunked body
+    declares no length: it is counted as it comes)."""
     chunks: list[bytes] = []
+    seen = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":  # the client left before sending it all
             raise ConnectionResetError("client disconnected while sending the body")
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        seen += len(chunk)
+        if seen > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def _declared_too_big(headers: dict[bytes, bytes], limit: int) -> bool:
+    declared = headers.get(b"content-length", b"")
+    return declared.isdigit() and int(declared) > limit  # not a number: the server refuses it
 
 
 def _gone(receive: Receive) -> Callable[[], Awaitable[None]]:
@@ -165,8 +180,14 @@ def _wait(scope: Scope) -> float:
 
 
 class FastPath:
-    def __init__(self, app: ASGIApp) -> None:
+    """The hot routes' ASGI app; anything else goes on to `app` (FastAPI's stack). It applies
+    `INFERQ_MAX_BODY_BYTES` itself, as it reads the body (none of the hot routes takes an
+    upload, the one route with a limit of its own), so no middleware wraps its receive and
+    send."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
         self.app = app
+        self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -178,9 +199,13 @@ class FastPath:
             await self.app(scope, receive, send)
             return
         try:
-            response = await handler(self._call(scope, receive, headers))
+            if _declared_too_big(headers, self.max_body_bytes):
+                raise BodyTooLarge
+            response = await handler(self._call(scope, receive, headers, self.max_body_bytes))
         except ConnectionResetError:
             return  # nobody is left to answer
+        except BodyTooLarge:
+            response = BodyLimit.reject(self.max_body_bytes)
         except Exception as e:
             known = error_response(e, scope["method"], scope["path"])
             if known is None:
@@ -193,12 +218,12 @@ class FastPath:
         await response(scope, receive, send)
 
     @staticmethod
-    def _call(scope: Scope, receive: Receive, headers: dict[bytes, bytes]) -> Call:
+    def _call(scope: Scope, receive: Receive, headers: dict[bytes, bytes], max_body: int) -> Call:
         parts: ApiParts = scope["app"].state.parts  # what `parts_of` reads, without a call
         tenant = tenant_of(parts.api_keys, headers.get(b"authorization", b"").decode("latin-1"))
         # A record in msgpack if asked for: a dict lookup and a substring test when it is not.
         packed = wants_msgpack(headers.get(b"accept"))
-        return Call(parts, scope, receive, headers, tenant, packed)
+        return Call(parts, scope, receive, headers, tenant, packed, max_body)
 
 
 class InferqAPI(FastAPI):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
 
 import fakeredis
 import pytest
@@ -89,6 +90,33 @@ def test_a_json_body_past_the_value_budget_is_refused_before_parsing(make_app: M
     assert r.status_code == 413 and "INFERQ_MAX_JSON_VALUES=1000" in r.json()["error"]["message"]
     r = c.post("/v1/embeddings", json={"input": ["a, b"] * 600})
     assert r.status_code == 413 and r.json()["error"]["code"] == "input_rejected"
+
+
+def test_the_hot_routes_refuse_a_body_past_the_limit_declared_or_chunked(
+    make_app: MakeApp,
+) -> None:
+    """The hot path applies INFERQ_MAX_BODY_BYTES as it reads: a declared length past it is
+    refused unread, a chunked body (no length) once it passes it; a chunked body within it is
+    read whole (and refused for its unknown model, not its size)."""
+    app = make_app(max_body_bytes=100)
+    c = app.client
+    big = b'{"input": "' + b"x" * 200 + b'"}'
+    json = {"content-type": "application/json"}
+
+    def chunks(body: bytes) -> Iterator[bytes]:
+        for i in range(0, len(body), 30):
+            yield body[i : i + 30]
+
+    for path in ("/v1/jobs", "/v1/infer", "/v1/embeddings"):
+        for content in (big, chunks(big)):
+            r = c.post(path, content=content, headers=json)
+            assert r.status_code == 413, (path, r.text)
+            assert r.json()["error"]["code"] == "body_too_large", r.text
+            assert "INFERQ_MAX_BODY_BYTES=100" in r.json()["error"]["message"]
+    fits = b'{"input": "' + b"x" * 70 + b'", "model": "nope"}'
+    assert len(fits) <= 100
+    r = c.post("/v1/jobs", content=chunks(fits), headers=json)
+    assert r.status_code not in (413, 500), r.text  # read whole: the model is what it refuses
 
 
 def test_an_oversized_body_is_refused_in_each_protocols_shape(make_app: MakeApp) -> None:
