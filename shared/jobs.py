@@ -293,7 +293,8 @@ def _code(value: str) -> str:
 def decode_job(raw: dict[bytes, bytes]) -> Job:
     """Decode a full hash (HGETALL). Unknown fields are ignored (forward compatible)."""
     try:
-        f = {k.decode(): _unpack(v) for k, v in raw.items()}
+        unpack = msgpack.unpackb  # called directly: a record is a dozen fields, read twice a job
+        f = {k.decode(): unpack(v, raw=False) for k, v in raw.items()}
         if f.get(F.VERSION) != SCHEMA_VERSION:
             raise CodecError(f"unsupported job schema version {f.get(F.VERSION)!r}")
         err = f.get(F.ERROR)

@@ -67,7 +67,12 @@ DONE_PATTERN = f"{PREFIX}:done:*"
 SLOTS = 16384
 
 
-@functools.cache
+#: Both key roots below are cached, bounded: a model name reaches them only once the catalog
+#: has accepted it, and the bound keeps a long-lived process's cache small whatever it meets.
+_CACHED = 4096
+
+
+@functools.lru_cache(maxsize=_CACHED)
 def tag(model: str, shard: int = 0, shards: int = 1) -> str:
     """Shard `shard` of `shards` of `model`'s queue: `{tag}` is the hash tag of its keys.
 
@@ -87,6 +92,7 @@ def tag(model: str, shard: int = 0, shards: int = 1) -> str:
     return candidate
 
 
+@functools.lru_cache(maxsize=_CACHED)
 def _q(model: str, shard: int, shards: int) -> str:
     return f"{PREFIX}:{{{tag(model, shard, shards)}}}"
 
@@ -128,31 +134,28 @@ def queued_bytes(model: str, shard: int = 0, shards: int = 1) -> str:
     return f"{_q(model, shard, shards)}:queued_bytes"
 
 
-def _tenant(tenant: str) -> str:
-    # Tenants are the operator's names (INFERQ_API_KEYS), never a client's string.
-    return tenant or "-"
-
-
+# A tenant in a key is the operator's name for it (INFERQ_API_KEYS), never a client's string;
+# "-" for the open API's "".
 def tenant_items(model: str, shard: int, shards: int, tenant: str) -> str:
     """Items `tenant` has accepted on one shard of `model` and not yet final."""
-    return f"{_q(model, shard, shards)}:tenant:{_tenant(tenant)}:items"
+    return f"{_q(model, shard, shards)}:tenant:{tenant or '-'}:items"
 
 
 def tenant_bytes(model: str, shard: int, shards: int, tenant: str) -> str:
     """Input bytes `tenant` has accepted on one shard of `model` and not yet final."""
-    return f"{_q(model, shard, shards)}:tenant:{_tenant(tenant)}:bytes"
+    return f"{_q(model, shard, shards)}:tenant:{tenant or '-'}:bytes"
 
 
 def tenant_webhooks(model: str, shard: int, shards: int, tenant: str) -> str:
     """Webhook deliveries of `tenant`'s jobs on one shard, queued and not yet settled."""
-    return f"{_q(model, shard, shards)}:tenant:{_tenant(tenant)}:webhooks"
+    return f"{_q(model, shard, shards)}:tenant:{tenant or '-'}:webhooks"
 
 
 def tenant_jobs(model: str, shard: int, shards: int, tenant: str) -> str:
     """`tenant`'s jobs on one shard of `model` (zset: member = the record's key, `job(id)`;
     score = created ms). In the shard's slot, so the scripts that make a job add it in the
     same step; members are keys so a script checks one with EXISTS, building nothing."""
-    return f"{_q(model, shard, shards)}:tenant:{_tenant(tenant)}:jobs"
+    return f"{_q(model, shard, shards)}:tenant:{tenant or '-'}:jobs"
 
 
 def model_info(model: str) -> str:
