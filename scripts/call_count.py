@@ -8,7 +8,7 @@ counts the Python layers a request crosses, not their weight.
 Requests go to the app as ASGI calls (no HTTP server, no client library), so every call
 counted is the stack's own. A coroutine is counted at each resume, as the profiler sees it.
 
-Run: .venv/bin/python scripts/call_count.py [--clients 32] [--requests 40] [--top 30]
+Run: .venv/bin/python scripts/call_count.py [--clients 32] [--requests 40] [--top 30] [--inputs 1]
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ async def infer(app: Any, body: bytes) -> int:
     return status
 
 
-async def main(clients: int, requests: int, top: int) -> Counter[tuple[str, str]]:
+async def main(clients: int, requests: int, top: int, inputs: int = 1) -> Counter[tuple[str, str]]:
     calls = Calls()
     with tempfile.TemporaryDirectory() as d, RedisServer(Path(d)) as server:
         settings = Settings(_env_file=None, redis_url=server.url, model="echo", device="cpu")
@@ -109,7 +109,9 @@ async def main(clients: int, requests: int, top: int) -> Counter[tuple[str, str]
         worker = build_worker(settings, EchoModel(), "echo", redis, WorkerPlan(device="cpu"))
         running = asyncio.create_task(worker.run())
         app = create_app(settings)
-        body = orjson.dumps({"input": "the path of one request", "wait": 10})
+        text = "the path of one request"
+        asked = {"input": text} if inputs == 1 else {"inputs": [text] * inputs}
+        body = orjson.dumps(asked | {"wait": 10})
         try:
             async with app.router.lifespan_context(app):
                 # Its first heartbeat, in Redis (no event to await across the two sides).
@@ -157,5 +159,6 @@ if __name__ == "__main__":
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--requests", type=int, default=40, help="each client's, in a row")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--inputs", type=int, default=1, help="inputs a request")
     args = parser.parse_args()
-    asyncio.run(main(args.clients, args.requests, args.top))
+    asyncio.run(main(args.clients, args.requests, args.top, args.inputs))

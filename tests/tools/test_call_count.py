@@ -22,7 +22,7 @@ def test_calls_are_filed_under_their_package() -> None:
 
 
 async def test_it_counts_both_sides_of_real_requests() -> None:
-    calls = await call_count.main(clients=2, requests=3, top=5)
+    calls = await call_count.main(clients=2, requests=3, top=5, inputs=3)  # "inputs": a list
     files = {str(Path(f).relative_to(ROOT)) for f, _ in calls if Path(f).is_relative_to(ROOT)}
     # The request's own stages: the hot route, the pipeline, the worker's run and write-back.
     for stage in ("api/routes/fast.py", "api/core/service.py", "worker/executor.py"):
