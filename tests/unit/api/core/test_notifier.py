@@ -121,25 +121,29 @@ async def test_a_sync_wait_ends_with_the_client_or_the_job_whichever_comes_first
         finally:
             watched.append("stopped")
 
-    async def follow(job_id: str) -> Job | None:
+    async def start(job_id: str) -> asyncio.Future[Job | None]:
+        """`follow` under way for a new queued job, its disconnect watch up: it waits."""
+        left.clear()
+        watching.clear()
+        watched.clear()
         job = Job(id=job_id, model="echo", inputs=["x"])
         await r.hset(keys.job(job_id), mapping=encode_submit(job))
-        return await service.follow(job, False, "", 5.0, gone)
+        running = asyncio.ensure_future(service.follow(job, False, "", 5.0, gone))
+        await asyncio.wait_for(watching.wait(), 5)
+        return running
+
+    async def succeed(job_id: str) -> None:
+        await r.hset(keys.job(job_id), mapping=encode_final(Status.SUCCEEDED, finished_ms=1))
 
     # The client leaves: None, while the job is still queued.
-    running = asyncio.ensure_future(follow("a"))
-    await asyncio.wait_for(watching.wait(), 5)  # the disconnect watch is up: it waits
+    running = await start("a")
     left.set()
     assert await asyncio.wait_for(running, 5) is None
     assert watched == ["watching", "stopped"]
 
     # The job ends first: the job, and the disconnect watch is stopped.
-    left.clear()
-    watching.clear()
-    watched.clear()
-    running = asyncio.ensure_future(follow("b"))
-    await asyncio.wait_for(watching.wait(), 5)
-    await r.hset(keys.job("b"), mapping=encode_final(Status.SUCCEEDED, finished_ms=1))
+    running = await start("b")
+    await succeed("b")
     await r.publish(keys.done_channel("b"), "final")
     done = await asyncio.wait_for(running, 5)
     assert done is not None and done.status is Status.SUCCEEDED
@@ -147,12 +151,8 @@ async def test_a_sync_wait_ends_with_the_client_or_the_job_whichever_comes_first
     assert watched == ["watching", "stopped"]
 
     # Both in one turn, while the request waits: the completion wins.
-    left.clear()
-    watching.clear()
-    watched.clear()
-    running = asyncio.ensure_future(follow("c"))
-    await asyncio.wait_for(watching.wait(), 5)
-    await r.hset(keys.job("c"), mapping=encode_final(Status.SUCCEEDED, finished_ms=1))
+    running = await start("c")
+    await succeed("c")
     left.set()
     n._wake("c")  # the completion message, as the listener hands it on (no payload: re-read)
     done = await asyncio.wait_for(running, 5)
