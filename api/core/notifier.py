@@ -24,6 +24,7 @@ from prometheus_client import Counter
 from redis.asyncio import Redis
 
 from inferq.shared import keys
+from inferq.shared.jobs import Job, decode_published
 from inferq.shared.redis_conn import unavailable
 from inferq.shared.supervise import SURVIVE, Supervisor
 
@@ -114,3 +115,12 @@ class Notifier:
         finally:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
+
+
+def published_job(payload: bytes | None, job_id: str, tenant: str) -> Job | None:
+    """The final job a completion message carried (`watch`'s result), if it is `tenant`'s
+    `job_id`; None: read it back instead (the read applies the tenant check)."""
+    job = decode_published(payload) if payload else None
+    if job is None or job.id != job_id or job.tenant != tenant or not job.status.is_final:
+        return None
+    return job

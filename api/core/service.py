@@ -35,7 +35,7 @@ from inferq.api.core.inputs import (
     wire_images,
     wire_inputs,
 )
-from inferq.api.core.notifier import Notifier
+from inferq.api.core.notifier import Notifier, published_job
 from inferq.api.core.redis_memory import RedisMemory
 from inferq.shared import keys
 from inferq.shared.errors import (
@@ -51,7 +51,6 @@ from inferq.shared.jobs import (
     JobError,
     Status,
     decode_outputs,
-    decode_published,
     encode_final,
     encode_submit,
     input_bytes,
@@ -164,11 +163,8 @@ class JobService:
             self.metrics.jobs_rejected.labels(model=label, reason=refusal_reason(e)).inc()
             raise
         if created:  # an Idempotency-Key repeat returns the first job: not a new submission
-            counter = self._submitted.get(job.model)
-            if counter is None:  # looked up once a model: labels() costs ~2 µs a call
-                counter = self._submitted[job.model] = self.metrics.jobs_submitted.labels(
-                    model=job.model
-                )
+            if (counter := self._submitted.get(job.model)) is None:  # labels(): ~2 µs a call
+                counter = self._submitted[job.model] = self.metrics.jobs_submitted.labels(job.model)
             counter.inc()
         return job, created
 
@@ -185,7 +181,9 @@ class JobService:
             inputs, _ = wire_inputs(sub.items, self.settings)
         webhook = None
         if sub.webhook is not None:
-            await self._check_webhook_backlog(name, sub.tenant)
+            _, _, backlog = await self.queue.tenant_held(name, sub.tenant)
+            if (refusal := self.admission.webhook_refusal(sub.tenant, backlog)) is not None:
+                raise refusal
             # 422 without a signing key or for a URL the SSRF guard refuses (resolved off-loop).
             webhook = await self._webhook_target(
                 self.settings, sub.tenant, sub.webhook, sub.webhook_events
@@ -212,11 +210,6 @@ class JobService:
                 )
             job.result_ttl_s = sub.result_ttl_s
         return job
-
-    async def _check_webhook_backlog(self, model: str, tenant: str) -> None:
-        _, _, backlog = await self.queue.tenant_held(model, tenant)
-        if (refusal := self.admission.webhook_refusal(tenant, backlog)) is not None:
-            raise refusal
 
     async def _place(self, job: Job, idempotency_key: str | None) -> _Placement:
         key_hash = fingerprint = None
@@ -327,8 +320,7 @@ class JobService:
     def _idempotency(self, place: _Placement) -> Idempotency | None:
         if place.key_hash is None:
             return None
-        ttl_s = self.settings.idempotency_ttl_s
-        return Idempotency(place.key_hash, ttl_s, place.fingerprint or "")
+        return Idempotency(place.key_hash, self.settings.idempotency_ttl_s, place.fingerprint or "")
 
     async def _held(self, job: Job, outcome: str) -> int:
         """What a refusal's cap counts, over every shard of the model."""
@@ -346,11 +338,7 @@ class JobService:
         job.started_ms = job.finished_ms = job.created_ms
         fields = encode_submit(job) | encode_final(Status.SUCCEEDED, finished_ms=job.created_ms)
         fields[JobField.OUTPUTS] = outputs  # already packed as the worker packed it
-        done = await self.queue.record_cached(
-            job,
-            fields,
-            idempotency=self._idempotency(place),
-        )
+        done = await self.queue.record_cached(job, fields, idempotency=self._idempotency(place))
         if done.outcome == "conflict":
             raise key_reused(None, done.job_id)
         if done.outcome == "duplicate":
@@ -454,21 +442,10 @@ class JobService:
         self.shutting_down = True
         self.notifier.wake_all()
 
-    @staticmethod
-    def _published(payload: bytes | None, job_id: str, tenant: str) -> Job | None:
-        """The final job a completion message carried, if it is this caller's."""
-        job = decode_published(payload) if payload else None
-        if job is None or job.id != job_id or job.tenant != tenant or not job.status.is_final:
-            return None  # read it back instead (get() applies the tenant check)
-        return job
-
     async def wait(
         self, job_id: str, wait_s: float, tenant: str = "", submitted: Job | None = None
     ) -> Job:
-        """Return the job as soon as it is final, or its current state after `wait_s`.
-
-        `submitted`: the job as this process just created it (queued), so the first read
-        can be skipped: the notifier remembers a completion that beat this watch."""
+        """The job as soon as it is final, or its current state after `wait_s` (`_wait`)."""
         job = await self._wait(job_id, wait_s, tenant, submitted, None)
         assert job is not None  # only a client's leaving (`left`) ends a wait without one
         return job
@@ -481,10 +458,11 @@ class JobService:
         submitted: Job | None,
         left: asyncio.Future[None] | None,
     ) -> Job | None:
-        """`wait`, and None as soon as `left` (the client's disconnect) is done: the request's
-        own task races the completion against it, with no task of its own for the wait (one
-        task, a timeout and an `asyncio.wait` a request fewer). A re-read in progress is not
-        raced: a client that leaves then is seen when it returns."""
+        """`wait`, and None once `left` (the client's disconnect) is done: the request's own
+        task races the completion against it (no task of its own for the wait). `submitted`:
+        the job as this process just created it (queued), so the first read can be skipped:
+        the notifier remembers a completion that beat this watch. A re-read in progress is
+        not raced: a client that leaves then is seen when it returns."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         published: Job | None = None  # what the last completion message carried
@@ -506,13 +484,13 @@ class JobService:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(recheck):
                             payload = await fut
-                        published = self._published(payload, job_id, tenant)
+                        published = published_job(payload, job_id, tenant)
                     continue
                 await asyncio.wait(
                     (fut, left), timeout=recheck, return_when=asyncio.FIRST_COMPLETED
                 )
                 if fut.done():  # the completion first, even if the client left meanwhile
-                    published = self._published(fut.result(), job_id, tenant)
+                    published = published_job(fut.result(), job_id, tenant)
                 elif left.done():
                     return None
             finally:
