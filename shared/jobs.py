@@ -41,6 +41,7 @@ __all__ = [
     "encode_submit",
     "image_input",
     "input_bytes",
+    "inputs_bytes",
     "new_job_id",
     "now_ms",
     "pack_field",
@@ -189,6 +190,14 @@ def input_bytes(value: Any) -> int:
     return 0
 
 
+def inputs_bytes(values: list[Any]) -> int:
+    """What a job's inputs weigh in Redis (`input_bytes` summed). Texts alone, the common
+    body, are weighed in C (map over `str.encode`), with no Python call an input."""
+    if set(map(type, values)) <= {str}:
+        return sum(map(len, map(str.encode, values)))
+    return sum(map(input_bytes, values))
+
+
 def plain(value: Any) -> Any:
     """`value` with numpy arrays and scalars turned into lists and Python numbers."""
     if isinstance(value, np.ndarray):
@@ -231,7 +240,7 @@ def encode_submit(job: Job) -> dict[str, bytes]:
         F.INPUTS: _pack(job.inputs),
         F.PARAMETERS: _pack(job.parameters),
         F.ITEMS: _pack(len(job.inputs)),
-        F.BYTES: _pack(sum(input_bytes(v) for v in job.inputs)),
+        F.BYTES: _pack(inputs_bytes(job.inputs)),
         F.CREATED_MS: _pack(job.created_ms),
         F.DEADLINE_MS: _pack(job.deadline_ms),
         F.ATTEMPTS: _pack(job.attempts),

@@ -34,7 +34,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError, R
 
 from inferq.shared import keys, lua
 from inferq.shared.errors import QueueUnavailable
-from inferq.shared.jobs import Job, decode_job, encode_submit, input_bytes
+from inferq.shared.jobs import Job, decode_job, encode_submit, inputs_bytes
 from inferq.shared.lua import queue as scripts
 from inferq.shared.queue import Final, Idempotency, QueueClient, Submitted, shard_of
 from inferq.shared.redis_conn import as_str, unavailable
@@ -222,7 +222,7 @@ class JobProducer(QueueClient):
     ) -> Submitted:
         """Admit, record and enqueue atomically (retry-safe: keyed by job id / idempotency key).
         `depth` of a refusal: what its cap counts (the shard's, or the tenant's on it)."""
-        size = sum(input_bytes(v) for v in job.inputs)
+        size = inputs_bytes(job.inputs)
         argv: list[bytes | str | int] = [job.id, len(job.inputs), max_queue]
         idem = idempotency or _NO_KEY
         argv += [idem.ttl_s, size, max_bytes, *tenant_caps, idem.fingerprint, job.created_ms]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Protocol
 
 import numpy as np
@@ -46,10 +47,9 @@ class JobState:
     start_checked: bool = False
     dead_letter: bool = False
     lost: bool = False  # another worker took its entry over: it is theirs now
-
-    @property
-    def done(self) -> bool:
-        return self.final_status is not None or self.lost
+    # Final here (`final_status` set) or lost: a plain attribute, not a property, since it is
+    # read for every item of every batch (`Book.live_items`, `Book.on_rows`).
+    done: bool = False
 
     @property
     def items_done(self) -> int:
@@ -81,14 +81,23 @@ def work(item: Item) -> Work:
     return item.key  # type: ignore[no-any-return]
 
 
+_SHAPE_KIND = attrgetter("ndim", "dtype.kind")
+_REMAINING = attrgetter("remaining")
+
+
 def job_outputs(outputs: list[Any]) -> np.ndarray | list[Any]:
     """A job's outputs: vectors of one width as one float32 array (the fast path: raw bytes
     on the wire), anything else as a list of plain values, one per input."""
-    vectors = outputs and all(
-        isinstance(o, np.ndarray) and o.ndim == 1 and o.dtype.kind == "f" for o in outputs
-    )
-    if vectors and len({o.shape[0] for o in outputs}) == 1:
-        return np.stack(outputs).astype(np.float32, copy=False)
+    # Checked and stacked in C (map over attrgetter, one np.stack), no Python call an output.
+    if (
+        outputs
+        and set(map(type, outputs)) == {np.ndarray}
+        and set(map(_SHAPE_KIND, outputs)) == {(1, "f")}
+    ):
+        try:
+            return np.stack(outputs).astype(np.float32, copy=False)
+        except ValueError:  # vectors of different widths
+            pass
     return [plain(o) for o in outputs]
 
 
@@ -149,6 +158,7 @@ class Book:
         state.error = error
         final = status or (Status.SUCCEEDED if error is None else Status.FAILED)
         state.final_status = final
+        state.done = True
         self.jobs.pop(state.job.id, None)
         end = self.clock.now_ms()
         done = state.items_done
@@ -195,6 +205,7 @@ class Book:
     def forget(self, state: JobState) -> None:
         """Someone else made this job final (e.g. DELETE): drop it, ack its entry."""
         state.final_status = Status.CANCELLED
+        state.done = True
         self.telemetry.on_forgotten()
         self.jobs.pop(state.job.id, None)
         self.scheduler.drop(state)
@@ -206,7 +217,7 @@ class Book:
         gone = {(stream, i) for stream, ids in entries.items() for i in ids}
         lost = [s for s in self.jobs.values() if (s.entry.stream, s.entry.entry_id) in gone]
         for s in lost:
-            s.lost = True
+            s.lost = s.done = True
             self.scheduler.drop(s)
             self.jobs.pop(s.job.id, None)
         return lost
@@ -228,7 +239,7 @@ class Book:
 
     def held_items(self) -> int:
         """Items held without an outcome yet: pending, suspect or on the device."""
-        return sum(s.remaining for s in self.jobs.values())
+        return sum(map(_REMAINING, self.jobs.values()))  # in C: read on every batch
 
     def held_entries(self) -> dict[str, list[str]]:
         """Stream → entry ids of every held job (what the heartbeat keeps fresh)."""
@@ -238,8 +249,9 @@ class Book:
         return held
 
     # --- the executor's sink ---
-    def live(self, item: Item) -> bool:
-        return not work(item).state.done
+    def live_items(self, items: list[Item]) -> list[Item]:
+        """`items` whose job has not ended: one pass, no call an item (`Item.key` is a `Work`)."""
+        return [it for it in items if not it.key.state.done]
 
     def on_rows(
         self, items: list[Item], outputs: Sequence[Any] | np.ndarray, padded: int, run_s: float
@@ -253,14 +265,17 @@ class Book:
             self.held_items(),
             0.0 if oldest is None else self.clock.monotonic() - oldest,
         )
+        size = len(items)
         for out, it in zip(outputs, items, strict=True):
-            w = work(it)
+            w = it.key  # a `Work`; read directly, as `work(it)` would, without a call an item
             state = w.state
             if state.done:
                 continue
             state.outputs[w.index] = out
-            state.batch_size = max(state.batch_size, len(items))
-            state.batch_tokens = max(state.batch_tokens, padded)
+            if size > state.batch_size:
+                state.batch_size = size
+            if padded > state.batch_tokens:
+                state.batch_tokens = padded
             state.remaining -= 1
             if state.remaining == 0:
                 self.finalize(state)

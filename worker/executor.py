@@ -34,7 +34,8 @@ log = logging.getLogger("inferq.worker")
 class Sink(Protocol):
     """Where the executor's outcomes go (the worker's book of held jobs)."""
 
-    def live(self, item: Item) -> bool: ...
+    def live_items(self, items: list[Item]) -> list[Item]:
+        """`items` whose job has not ended."""
 
     def on_rows(
         self, items: list[Item], outputs: Sequence[Any] | np.ndarray, padded: int, run_s: float
@@ -98,7 +99,7 @@ class Executor:
         self._pool.shutdown(wait=wait, cancel_futures=not wait)
 
     async def run(self, items: list[Item], sink: Sink) -> None:
-        items = [it for it in items if sink.live(it)]
+        items = sink.live_items(items)
         if not items:
             return
         padded = padded_cost(items)
@@ -108,7 +109,9 @@ class Executor:
         t0 = time.perf_counter()
         try:
             out = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self.model.run, [work(it).payload for it in items]
+                self._pool,
+                self.model.run,
+                [it.key.payload for it in items],  # `Work`s
             )
             outputs = _outputs(out, len(items))
         except Exception as e:

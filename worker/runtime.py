@@ -341,15 +341,14 @@ class Worker:
     async def _start(self, items: list[Item]) -> list[Item]:
         """Count first device starts on the broker and write each job's progress; drop jobs
         made final elsewhere (expired in the queue) and end those cancelled while they ran."""
-        states = list(
-            {id(work(it).state): work(it).state for it in items if self.book.live(it)}.values()
-        )
+        live = self.book.live_items(items)
+        states = list({id(s): s for s in [it.key.state for it in live]}.values())  # `Work`s
         # Jobs an idle worker's claim counted a moment ago: that claim was this check.
         checked = all(s.start_checked for s in states)
         for s in states:
             s.start_checked = False
         if checked:
-            return [it for it in items if self.book.live(it)]
+            return live
         try:
             replies = await self.queue.start(
                 [s.job.id for s in states],
@@ -364,7 +363,7 @@ class Worker:
                 self.book.forget(s)
             elif cancel:
                 self.book.cancel(s)
-        return [it for it in items if self.book.live(it)]
+        return self.book.live_items(live)
 
     # --- stop ---
     async def _drain(self, tasks: set[asyncio.Task[None]]) -> bool:

@@ -162,6 +162,8 @@ def _items(body: dict[str, Any]) -> list[InputItem]:
         raise InvalidBody("inputs", "Input should be a valid list")
     if not inputs:
         raise InvalidBody("body", "'inputs' is empty: give at least one")
+    if set(map(type, inputs)) == {str}:  # texts alone: the list is its own answer, no call each
+        return inputs
     return [_item(v, f"inputs.{i}") for i, v in enumerate(inputs)]
 
 

@@ -53,7 +53,7 @@ from inferq.shared.jobs import (
     decode_outputs,
     encode_final,
     encode_submit,
-    input_bytes,
+    inputs_bytes,
     new_job_id,
     now_ms,
 )
@@ -215,7 +215,7 @@ class JobService:
         key_hash = fingerprint = None
         if idempotency_key is not None:
             key_hash = hashlib.sha256(idempotency_key.encode()).hexdigest()
-            size = sum(input_bytes(v) for v in job.inputs)
+            size = inputs_bytes(job.inputs)
             # Hashing megabytes is milliseconds of CPU: off the event loop, as parsing is.
             fingerprint = (
                 request_fingerprint(job)
@@ -239,7 +239,7 @@ class JobService:
         job = await self._job(sub)
         # The inputs' bytes are reserved against the memory guard until written (a Redis OOM
         # meanwhile answers as the guard's 503): concurrent submits cannot all pass one check.
-        async with self.memory.admit(sum(input_bytes(v) for v in job.inputs)) as held:
+        async with self.memory.admit(inputs_bytes(job.inputs)) as held:
             job, created = await self._record(job, sub)
             if created:
                 held.landed()

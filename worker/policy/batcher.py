@@ -29,8 +29,9 @@ are plain attributes read on every call, so live changes take effect on the next
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 
@@ -45,6 +46,9 @@ class Item:
 class Batch:
     items: list[Item]
     padded_tokens: int
+
+
+_COST = attrgetter("cost")
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -87,6 +91,25 @@ class Batcher:
             self._unsorted = True
         self._by_cost.append(entry)
         self._tokens += item.cost
+
+    def extend(self, items: Sequence[Item]) -> None:
+        """`add` each of `items` in order, or none of them if a cost is invalid."""
+        # Checked, numbered and appended in C (map, zip, min): no Python frame an item. A bad
+        # cost is found before anything changes; `_positive_int` then names it.
+        costs = list(map(_COST, items))
+        if not costs:
+            return
+        if set(map(type, costs)) != {int} or min(costs) < 1:  # a bool's type is not int
+            for c in costs:
+                _positive_int("cost", c)
+        seqs = range(self._seq, self._seq + len(costs))
+        self._seq += len(costs)
+        self._items.update(zip(seqs, items, strict=True))
+        entries = list(zip(costs, seqs, strict=True))
+        if (self._by_cost and entries[0] < self._by_cost[-1]) or costs != sorted(costs):
+            self._unsorted = True
+        self._by_cost += entries
+        self._tokens += sum(costs)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -179,6 +202,6 @@ class Batcher:
 
     def _drop(self, gone: Collection[int]) -> None:
         # One O(n) rebuild per call, however many items leave (gone: a set or dict keys view).
-        self._tokens -= sum(self._items[s].cost for s in gone)
+        self._tokens -= sum(map(_COST, map(self._items.__getitem__, gone)))
         self._items = {s: it for s, it in self._items.items() if s not in gone}
         self._by_cost = [e for e in self._by_cost if e[1] not in gone]

@@ -3,6 +3,8 @@ from __future__ import annotations
 import msgpack
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inferq.shared import keys
 from inferq.shared.errors import CodecError
@@ -14,6 +16,8 @@ from inferq.shared.jobs import (
     decode_job,
     encode_final,
     encode_submit,
+    input_bytes,
+    inputs_bytes,
     new_job_id,
 )
 
@@ -105,3 +109,21 @@ def test_fields_pack_as_packb_does_on_every_thread_and_after_a_failed_pack() -> 
     with pytest.raises(TypeError):
         _pack(["half", object()])
     assert _pack("next") == msgpack.packb("next", use_bin_type=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.text(max_size=6),
+            st.builds(lambda b: {"image": b}, st.binary(max_size=6)),
+            st.builds(lambda b: {"tensor": {"data": b}}, st.binary(max_size=6)),
+            st.builds(lambda s: {"image": s}, st.text(max_size=3)),  # not bytes: weighs 0
+            st.integers(),
+        ),
+        max_size=6,
+    )
+)
+def test_a_jobs_inputs_weigh_what_each_input_weighs(values: list[object]) -> None:
+    """`inputs_bytes`'s texts-only shortcut and its general case both equal the sum."""
+    assert inputs_bytes(values) == sum(input_bytes(v) for v in values)

@@ -102,6 +102,12 @@ def test_outputs_are_one_array_only_for_float_vectors_of_one_width() -> None:
     assert isinstance(ragged, list) and [len(r) for r in ragged] == [3, 2]
     labels = job_outputs([np.array([1, 2]), "cat"])  # ints and text stay plain values
     assert labels == [[1, 2], "cat"]
+    mixed = job_outputs([np.ones(2), np.array([1, 2])])  # a float vector beside an int one
+    assert isinstance(mixed, list) and mixed == [[1.0, 1.0], [1, 2]]
+    grids = job_outputs([np.ones((2, 2)), np.ones((2, 2))])  # not vectors
+    assert isinstance(grids, list) and grids == [[[1.0, 1.0]] * 2] * 2
+    scalars = job_outputs([np.float32(1.5), np.float32(2.5)])  # numpy scalars, not arrays
+    assert scalars == [1.5, 2.5]
 
 
 def test_a_failed_item_fails_its_job_once_and_its_other_items_never_run() -> None:

@@ -114,8 +114,8 @@ class Sink:
         self.splits = 0
         self.dead: set[str] = set()
 
-    def live(self, item: Item) -> bool:
-        return work(item).state.job.id not in self.dead
+    def live_items(self, items: list[Item]) -> list[Item]:
+        return [it for it in items if work(it).state.job.id not in self.dead]
 
     def on_rows(
         self, items: list[Item], outputs: Sequence[Any] | np.ndarray, padded: int, run_s: float

@@ -73,6 +73,44 @@ def test_add_rejects_cost_below_one(cost: int) -> None:
     assert b.pending_tokens() == 0
 
 
+@pytest.mark.parametrize("cost", [0, -1, True, 2.5])
+def test_extend_rejects_a_bad_cost_and_adds_none(cost: object) -> None:
+    b = make()
+    add_all(b, [5])
+    items = [Item(key="ok", cost=3, arrived=0.0), Item(key="bad", cost=cost, arrived=0.0)]  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=str(cost)):
+        b.extend(items)
+    assert len(b) == 1
+    assert b.pending_tokens() == 5
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    chunks=st.lists(st.lists(st.integers(1, 60), max_size=12), min_size=1, max_size=8),
+    tokens=st.integers(1, 200),
+    size=st.integers(1, 6),
+)
+def test_extend_is_add_in_order(chunks: list[list[int]], tokens: int, size: int) -> None:
+    """A chunk given to `extend` leaves the batcher as adding its items one by one would:
+    the same batches, in the same order, with the same counters."""
+    one, many = make(tokens, size, 1e9), make(tokens, size, 1e9)
+    n = 0
+    for chunk in chunks:
+        items = [Item(key=n + i, cost=c, arrived=float(n + i)) for i, c in enumerate(chunk)]
+        n += len(chunk)
+        for it in items:
+            one.add(it)
+        many.extend(items)
+        assert (len(one), one.pending_tokens()) == (len(many), many.pending_tokens())
+        a, b = one.next_batch(0.0), many.next_batch(0.0)  # only full batches, mid-way
+        assert (keys(a), a.padded_tokens) == (keys(b), b.padded_tokens) if a else b is None
+    while (a := one.next_batch(0.0, force=True)) is not None:
+        b = many.next_batch(0.0, force=True)
+        assert b is not None
+        assert (keys(a), a.padded_tokens) == (keys(b), b.padded_tokens)
+    assert many.next_batch(0.0, force=True) is None
+
+
 # --- bookkeeping --------------------------------------------------------------------------
 
 
