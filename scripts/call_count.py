@@ -9,6 +9,10 @@ Requests go to the app as ASGI calls (no HTTP server, no client library), so eve
 counted is the stack's own. A coroutine is counted at each resume, as the profiler sees it.
 
 Run: .venv/bin/python scripts/call_count.py [--clients 32] [--requests 40] [--top 30] [--inputs 1]
+     [--loop asyncio|uvloop]
+`--loop uvloop` runs the event loop the API (uvicorn) and the worker run on: its loop
+machinery is C, so the asyncio rows then count only asyncio's Python helpers (timeouts,
+locks, tasks' wrappers). The default, asyncio, is the loop the earlier figures were counted on.
 """
 
 from __future__ import annotations
@@ -160,5 +164,12 @@ if __name__ == "__main__":
     parser.add_argument("--requests", type=int, default=40, help="each client's, in a row")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--inputs", type=int, default=1, help="inputs a request")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     args = parser.parse_args()
-    asyncio.run(main(args.clients, args.requests, args.top, args.inputs))
+    run = main(args.clients, args.requests, args.top, args.inputs)
+    if args.loop == "uvloop":
+        import uvloop
+
+        uvloop.run(run)
+    else:
+        asyncio.run(run)

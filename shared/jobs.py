@@ -140,12 +140,18 @@ class Job:
 _packers = threading.local()
 
 
-def _pack(value: Any) -> bytes:
+def _packer() -> Callable[[Any], bytes]:
+    """This thread's `Packer.pack`: a record's encoder fetches it once and packs each field
+    with it, a call into C a field rather than a Python call."""
     try:
         pack: Callable[[Any], bytes] = _packers.pack
     except AttributeError:
         pack = _packers.pack = msgpack.Packer(use_bin_type=True).pack
-    return pack(value)
+    return pack
+
+
+def _pack(value: Any) -> bytes:
+    return _packer()(value)
 
 
 def _unpack(raw: bytes) -> Any:
@@ -230,31 +236,32 @@ def decode_outputs(value: dict[str, Any]) -> np.ndarray | list[Any]:
 
 def encode_submit(job: Job) -> dict[str, bytes]:
     """Fields written when a job is accepted."""
+    pack = _packer()
     fields = {
-        F.VERSION: _pack(SCHEMA_VERSION),
-        F.ID: _pack(job.id),
-        F.MODEL: _pack(job.model),
-        F.TENANT: _pack(job.tenant),
-        F.PRIORITY: _pack(job.priority),
-        F.STATUS: _pack(str(job.status)),
-        F.INPUTS: _pack(job.inputs),
-        F.PARAMETERS: _pack(job.parameters),
-        F.ITEMS: _pack(len(job.inputs)),
-        F.BYTES: _pack(inputs_bytes(job.inputs)),
-        F.CREATED_MS: _pack(job.created_ms),
-        F.DEADLINE_MS: _pack(job.deadline_ms),
-        F.ATTEMPTS: _pack(job.attempts),
+        F.VERSION: pack(SCHEMA_VERSION),
+        F.ID: pack(job.id),
+        F.MODEL: pack(job.model),
+        F.TENANT: pack(job.tenant),
+        F.PRIORITY: pack(job.priority),
+        F.STATUS: pack(str(job.status)),
+        F.INPUTS: pack(job.inputs),
+        F.PARAMETERS: pack(job.parameters),
+        F.ITEMS: pack(len(job.inputs)),
+        F.BYTES: pack(inputs_bytes(job.inputs)),
+        F.CREATED_MS: pack(job.created_ms),
+        F.DEADLINE_MS: pack(job.deadline_ms),
+        F.ATTEMPTS: pack(job.attempts),
     }
     if job.webhook is not None:
-        fields[F.WEBHOOK] = _pack(job.webhook)
+        fields[F.WEBHOOK] = pack(job.webhook)
     if job.cache is not None:
-        fields[F.CACHE] = _pack(job.cache)
+        fields[F.CACHE] = pack(job.cache)
     if job.cached:
-        fields[F.CACHED] = _pack(True)
+        fields[F.CACHED] = pack(True)
     if job.metadata:
-        fields[F.METADATA] = _pack(job.metadata)
+        fields[F.METADATA] = pack(job.metadata)
     if job.result_ttl_s:
-        fields[F.RESULT_TTL] = _pack(job.result_ttl_s)
+        fields[F.RESULT_TTL] = pack(job.result_ttl_s)
     return fields
 
 
@@ -271,20 +278,21 @@ def encode_final(
     """Fields written (once, guarded) when a job becomes final. `batch`: (items, tokens) of
     the largest batch it ran in. `items_done`: given by the worker that ran it; an outcome
     written elsewhere (cancel or expiry in the queue) keeps what the record says."""
+    pack = _packer()
     fields: dict[str, bytes] = {
-        F.STATUS: _pack(str(status)),
-        F.FINISHED_MS: _pack(finished_ms),
-        F.BATCH_SIZE: _pack(batch[0]),
-        F.BATCH_TOKENS: _pack(batch[1]),
+        F.STATUS: pack(str(status)),
+        F.FINISHED_MS: pack(finished_ms),
+        F.BATCH_SIZE: pack(batch[0]),
+        F.BATCH_TOKENS: pack(batch[1]),
     }
     if items_done is not None:
-        fields[F.ITEMS_DONE] = _pack(items_done)
+        fields[F.ITEMS_DONE] = pack(items_done)
     if worker:
-        fields[F.WORKER] = _pack(worker)
+        fields[F.WORKER] = pack(worker)
     if outputs is not None:
-        fields[F.OUTPUTS] = _pack(encode_outputs(outputs))
+        fields[F.OUTPUTS] = pack(encode_outputs(outputs))
     if error is not None:
-        fields[F.ERROR] = _pack({"code": str(error.code), "message": error.message})
+        fields[F.ERROR] = pack({"code": str(error.code), "message": error.message})
     return fields
 
 

@@ -29,3 +29,12 @@ async def test_it_counts_both_sides_of_real_requests() -> None:
         assert stage in files, sorted(files)
     assert not any(f.startswith("scripts/") for f in files)  # the driver is not counted
     assert calls[(str(ROOT / "api" / "core" / "service.py"), "JobService.create")] >= 6
+
+
+def test_on_uvloop_the_loops_own_machinery_is_not_python() -> None:
+    import uvloop
+
+    calls = uvloop.run(call_count.main(clients=1, requests=2, top=1))
+    on_loop = {q for f, q in calls if f.endswith("asyncio/base_events.py")}
+    assert "BaseEventLoop.call_soon" not in on_loop  # uvloop's own, in C
+    assert calls[(str(ROOT / "api" / "core" / "service.py"), "JobService.create")] >= 2

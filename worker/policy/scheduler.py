@@ -205,8 +205,7 @@ class Scheduler:
             state, items = min(self._suspects, key=lambda si: si[0].attempts)
             self._suspects = [(s, i) for s, i in self._suspects if s is not state]
             self._solo = Batcher(self.ceiling.value, self.max_batch_size, 0.0, self.min_fill)
-            for it in items:
-                self._solo.add(it)
+            self._solo.extend(items)
         self._solo.max_batch_tokens = self.ceiling.value
         batch = self._solo.next_batch(now, force=True)
         if not len(self._solo):
