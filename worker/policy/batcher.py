@@ -71,8 +71,9 @@ class Batcher:
         if not max_wait_s >= 0:  # written this way so NaN is rejected too
             raise ValueError(f"max_wait_s must be a number >= 0, got {max_wait_s!r}")
         self.max_wait_s = float(max_wait_s)
-        # seq -> item. A dict keeps add order with O(1) delete; it is rebuilt whenever items
-        # leave, so its first entry (the anchor) is found in O(1) rather than past tombstones.
+        # seq -> item. A dict keeps add order with O(1) delete. A batch's items are popped
+        # one by one (a batch's worth of work, not the whole pending set's); the anchor lookup
+        # then skips the deleted slots in C until the dict next resizes and compacts them.
         self._items: dict[int, Item] = {}
         # (cost, seq), seq breaking cost ties by add order. add() only appends; the lazy sort is
         # near-linear because Timsort merges the sorted prefix with the short unsorted tail.
@@ -142,9 +143,13 @@ class Batcher:
         )
         if not (force or full or now >= anchor.arrived + self.max_wait_s):
             return None
-        taken = self._choose(lo, a, hi)
-        items = [self._items[s] for s in sorted(taken)]
-        self._drop(taken)
+        runs = self._choose(lo, a, hi)
+        order = self._by_cost
+        taken = sorted(seq for start, stop in runs for _, seq in order[start:stop])
+        items = [self._items.pop(s) for s in taken]
+        for start, stop in runs:  # last run first: the earlier ones keep their indices
+            del order[start:stop]
+        self._tokens -= sum(map(_COST, items))
         return Batch(items=items, padded_tokens=padded)
 
     def remove(self, predicate: Callable[[Item], bool]) -> list[Item]:
@@ -189,19 +194,20 @@ class Batcher:
                 break
         return lo, hi, top
 
-    def _choose(self, lo: int, a: int, hi: int) -> set[int]:
-        """Seqs for the run [lo, hi], giving a partly taken shorter-cost group to its oldest."""
+    def _choose(self, lo: int, a: int, hi: int) -> list[tuple[int, int]]:
+        """The index ranges of `_by_cost` to take for the run [lo, hi], giving a partly taken
+        shorter-cost group to its oldest: disjoint, the last range first."""
         order = self._by_cost
-        chosen = order[a : hi + 1]  # longer side: each group already starts with its oldest
+        runs = [(a, hi + 1)]  # longer side: each group already starts with its oldest
         if lo < a:
             edge = order[lo][0]  # < anchor cost: an equal cost would be younger, so after a
-            start = bisect_left(order, (edge, -1), 0, lo)
+            start = bisect_left(order, (edge, -1), 0, lo)  # <= lo
             end = bisect_left(order, (edge + 1, -1), lo, a)
-            chosen += order[start : start + end - lo] + order[end:a]
-        return {seq for _, seq in chosen}
+            runs += [(end, a), (start, start + end - lo)]
+        return runs
 
     def _drop(self, gone: Collection[int]) -> None:
-        # One O(n) rebuild per call, however many items leave (gone: a set or dict keys view).
+        # `remove`'s: one O(n) rebuild per call, however many items leave (a dict keys view).
         self._tokens -= sum(map(_COST, map(self._items.__getitem__, gone)))
         self._items = {s: it for s, it in self._items.items() if s not in gone}
         self._by_cost = [e for e in self._by_cost if e[1] not in gone]
