@@ -145,7 +145,7 @@ class Batcher:
             return None
         runs = self._choose(lo, a, hi)
         order = self._by_cost
-        taken = sorted(seq for start, stop in runs for _, seq in order[start:stop])
+        taken = sorted([seq for start, stop in runs for _, seq in order[start:stop]])
         items = [self._items.pop(s) for s in taken]
         for start, stop in runs:  # last run first: the earlier ones keep their indices
             del order[start:stop]
