@@ -15,6 +15,7 @@ when one fails (its other items are then dropped before they run).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -130,6 +131,10 @@ class Book:
         self.telemetry = telemetry
         self.clock = clock
         self.jobs: dict[str, JobState] = {}
+        # No held job's deadline is earlier (ms): `expire_due`, called on every scheduling
+        # pass, looks at the held jobs only once it has passed, not at each of them every
+        # pass. A job that leaves may leave it early; the next look then sets it again.
+        self._due_ms: float = math.inf
 
     # --- in ---
     def knows(self, job_id: str) -> bool:
@@ -139,13 +144,19 @@ class Book:
     def hold_running(self, state: JobState) -> None:
         """A job that goes to the device at once, past the scheduler (an idle worker's lone
         job): held, so its entry stays fresh and a stop or a take-over sees it."""
+        self._held(state)
+
+    def _held(self, state: JobState) -> None:
         self.jobs[state.job.id] = state
+        deadline = state.job.deadline_ms
+        if deadline and deadline < self._due_ms:
+            self._due_ms = deadline
 
     def hold(self, state: JobState, items: list[Item]) -> None:
         if not items:
             self.finalize(state)
             return
-        self.jobs[state.job.id] = state
+        self._held(state)
         self.scheduler.add(state, items)
 
     # --- out ---
@@ -230,12 +241,17 @@ class Book:
 
     def expire_due(self) -> None:
         now = self.clock.now_ms()
+        if now <= self._due_ms:
+            return
         for s in [s for s in self.jobs.values() if s.job.deadline_ms and now > s.job.deadline_ms]:
             self.fail(
                 s,
                 JobError(ErrorCode.EXPIRED, "deadline passed before it could run"),
                 Status.EXPIRED,
             )
+        self._due_ms = min(
+            (d for s in self.jobs.values() if (d := s.job.deadline_ms)), default=math.inf
+        )
 
     def held_items(self) -> int:
         """Items held without an outcome yet: pending, suspect or on the device."""

@@ -146,3 +146,25 @@ def test_expiry_cancel_loss_and_release_each_end_a_job_their_own_way() -> None:
     book.release([back])  # handed back to the queue: held no more, nothing written
     assert [f.job_id for f in posted.finals] == ["late"] and book.jobs == {}
     assert scheduler.next(0.0, running=0).batch is None  # none of them runs now
+
+
+def test_expiry_looks_at_held_jobs_only_once_a_deadline_has_passed() -> None:
+    book, posted, _, clock = _book()
+    t0 = clock.now_ms()
+    a, b = _state("a", 1, deadline_ms=t0 + 100), _state("b", 1, deadline_ms=t0 + 300)
+    book.hold(a, _items(a))
+    book.hold(b, _items(b))
+    clock.t += 0.05
+    book.jobs["b"].job.deadline_ms = t0 + 10  # moved behind the book's back: not looked at
+    book.expire_due()  # before a's deadline, the earliest it knows: nothing is looked at
+    assert posted.finals == []
+    clock.t += 0.1  # past a's: both are looked at, each ends by its own deadline
+    book.expire_due()
+    assert [f.job_id for f in posted.finals] == ["a", "b"]
+    c = _state("c", 1, deadline_ms=clock.now_ms() + 20)  # earlier than any left: still seen
+    d = _state("d", 1)  # no deadline: never expires
+    book.hold(c, _items(c))
+    book.hold(d, _items(d))
+    clock.t += 0.05
+    book.expire_due()
+    assert [f.job_id for f in posted.finals] == ["a", "b", "c"] and list(book.jobs) == ["d"]
