@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Protocol
@@ -110,6 +110,8 @@ class Waiting(Protocol):
     def add(self, state: Owner, items: list[Item]) -> None: ...
 
     def drop(self, state: Owner) -> None: ...
+
+    def drop_all(self, states: Collection[Owner]) -> None: ...
 
     def oldest_arrival(self) -> float | None: ...
 
@@ -227,24 +229,26 @@ class Book:
         drop their jobs without a result or an ack, whatever of them is on the device too."""
         gone = {(stream, i) for stream, ids in entries.items() for i in ids}
         lost = [s for s in self.jobs.values() if (s.entry.stream, s.entry.entry_id) in gone]
+        self.scheduler.drop_all(lost)
         for s in lost:
             s.lost = s.done = True
-            self.scheduler.drop(s)
             self.jobs.pop(s.job.id, None)
         return lost
 
     def release(self, states: Sequence[JobState]) -> None:
         """`states` were handed back to the queue: this worker holds them no more."""
+        self.scheduler.drop_all(states)
         for s in states:
-            self.scheduler.drop(s)
             self.jobs.pop(s.job.id, None)
 
     def expire_due(self) -> None:
         now = self.clock.now_ms()
         if now <= self._due_ms:
             return
-        for s in [s for s in self.jobs.values() if s.job.deadline_ms and now > s.job.deadline_ms]:
-            self.fail(
+        due = [s for s in self.jobs.values() if s.job.deadline_ms and now > s.job.deadline_ms]
+        self.scheduler.drop_all(due)  # one pass over the pending items for all of them
+        for s in due:
+            self.finalize(
                 s,
                 JobError(ErrorCode.EXPIRED, "deadline passed before it could run"),
                 Status.EXPIRED,

@@ -18,6 +18,7 @@ Invariants of `next`:
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Protocol
@@ -166,10 +167,18 @@ class Scheduler:
 
     def drop(self, state: Owner) -> None:
         """Forget every pending item of `state` (it failed, was cancelled or handed back)."""
-        self.batcher.remove(lambda it: owner_of(it) is state)
-        self._suspects = [(s, items) for s, items in self._suspects if s is not state]
+        self.drop_all([state])
+
+    def drop_all(self, states: Collection[Owner]) -> None:
+        """`drop` each of `states` in one pass over the pending items, however many they are
+        (a stop hands back every held job; a stalled device expires them together)."""
+        if not states:
+            return
+        gone = {id(s) for s in states}
+        self.batcher.remove(lambda it: id(owner_of(it)) in gone)
+        self._suspects = [(s, items) for s, items in self._suspects if id(s) not in gone]
         if self._solo is not None:
-            self._solo.remove(lambda it: owner_of(it) is state)
+            self._solo.remove(lambda it: id(owner_of(it)) in gone)
             if not len(self._solo):
                 self._solo = None
 

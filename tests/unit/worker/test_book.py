@@ -168,3 +168,23 @@ def test_expiry_looks_at_held_jobs_only_once_a_deadline_has_passed() -> None:
     clock.t += 0.05
     book.expire_due()
     assert [f.job_id for f in posted.finals] == ["a", "b", "c"] and list(book.jobs) == ["d"]
+
+
+def test_jobs_that_leave_together_leave_the_pending_items_in_one_pass() -> None:
+    """A stop's hand-back, a take-over's loss or a stalled device's expiries end many jobs at
+    once: the pending items are looked through once for all of them, not once a job."""
+    book, posted, scheduler, clock = _book()
+    passes: list[int] = []
+    remove = scheduler.batcher.remove
+    scheduler.batcher.remove = lambda predicate: passes.append(1) or remove(predicate)  # type: ignore[method-assign]
+    states = [_state(f"j{i}", 2, deadline_ms=clock.now_ms() + 10) for i in range(30)]
+    for s in states:
+        book.hold(s, _items(s))
+    book.release(states[:10])
+    assert len(passes) == 1 and scheduler.pending() == 40
+    book.lose({"s": [f"1-j{i}" for i in range(10, 20)]})
+    assert len(passes) == 2 and scheduler.pending() == 20
+    clock.t += 1.0
+    book.expire_due()
+    assert len(passes) == 3 and scheduler.pending() == 0 and book.jobs == {}
+    assert [f.job_id for f in posted.finals] == [f"j{i}" for i in range(20, 30)]
