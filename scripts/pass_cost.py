@@ -7,8 +7,10 @@
   batches (checked on every round), so the figures compare the same work.
 - `expiry`: µs a scheduling pass of the expiry check (`Book.expire_due`, called before every
   batch is chosen) with N one-item jobs held, none due.
+- `handback`, `expire_all`: µs for N held one-item jobs to leave the book at once, handed
+  back (a stop) or expired (a stalled device), with `--rounds` fresh books each.
 
-Run: .venv/bin/python scripts/pass_cost.py [--what batcher,expiry] [--sizes 32,512,4096]
+Run: .venv/bin/python scripts/pass_cost.py [--what batcher,expiry,handback,expire_all] [--sizes 32,512,4096]
      [--rounds 2000] [--repeat 3] [--tree /tmp/before]   # git worktree add /tmp/before <commit>
 """
 
@@ -35,7 +37,12 @@ from inferq.worker.telemetry import Telemetry
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 32
 DEADLINE_MS = 60_000  # every held job's: none comes due while timed
-FILES = {"batcher": "worker/policy/batcher.py", "expiry": "worker/book.py"}
+FILES = {
+    "batcher": "worker/policy/batcher.py",
+    "expiry": "worker/book.py",
+    "handback": "worker/book.py",
+    "expire_all": "worker/book.py",
+}
 
 
 def load(tree: Path, what: str, name: str) -> ModuleType:
@@ -108,9 +115,48 @@ def expiry(module: ModuleType, held: int, passes: int) -> tuple[float, None]:
     return per_pass(held_book(module, held), passes), None
 
 
+class _Accepting(_Outbox):
+    def post(self, final: Any) -> None:
+        pass
+
+
+def _leave(module: ModuleType, held: int, rounds: int, end: Callable[[Any], None]) -> float:
+    """µs for `end` to make every job of a book of `held` leave it at once (a fresh book a
+    round, its building not timed)."""
+    spent = 0.0
+    for _ in range(max(1, rounds)):
+        book = held_book(module, held)
+        book.outbox = _Accepting()
+        t0 = time.perf_counter()
+        end(book)
+        spent += time.perf_counter() - t0
+        assert not book.jobs
+    return spent / max(1, rounds) * 1e6
+
+
+def handback(module: ModuleType, held: int, rounds: int) -> tuple[float, None]:
+    """A stop: every held job handed back to the queue."""
+    return _leave(module, held, rounds, lambda b: b.release(list(b.jobs.values()))), None
+
+
+def expire_all(module: ModuleType, held: int, rounds: int) -> tuple[float, None]:
+    """A stalled device: every held job past its deadline at once."""
+
+    def end(book: Any) -> None:
+        for state in book.jobs.values():
+            state.job.deadline_ms = 1
+        if hasattr(book, "_due_ms"):
+            book._due_ms = 0
+        book.expire_due()
+
+    return _leave(module, held, rounds, end), None
+
+
 ROUNDS: dict[str, Callable[[ModuleType, int, int], tuple[float, Any]]] = {
     "batcher": batches,
     "expiry": expiry,
+    "handback": handback,
+    "expire_all": expire_all,
 }
 
 
@@ -141,7 +187,7 @@ def main() -> None:
     args = p.parse_args()
     trees = {"this": REPO} | ({"tree": args.tree} if args.tree else {})
     for what in args.what.split(","):
-        unit = "µs a batch" if what == "batcher" else "µs a pass"
+        unit = {"batcher": "µs a batch", "expiry": "µs a pass"}.get(what, "µs in all")
         print(f"\n{what}\n\n| size | " + " | ".join(f"{n}: {unit}" for n in trees) + " |")
         print("|---|" + "---|" * len(trees))
         for size in (int(x) for x in args.sizes.split(",")):

@@ -42,3 +42,10 @@ def test_two_batchers_that_choose_differently_are_not_compared(tmp_path: Path) -
     assert pass_cost.compare("batcher", {"a": REPO, "b": REPO}, 64, 10, 1)  # the same
     with pytest.raises(AssertionError, match="different batches"):
         pass_cost.compare("batcher", {"a": REPO, "b": tmp_path}, 64, 10, 1)
+
+
+def test_every_held_job_leaves_in_each_timed_ending() -> None:
+    book_module = pass_cost.load(REPO, "handback", "h_here")
+    for ending in (pass_cost.handback, pass_cost.expire_all):
+        us, _ = ending(book_module, 40, 2)  # `_leave` asserts the book is empty after
+        assert us > 0
