@@ -20,10 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Protocol
 
-from inferq.worker.policy.batcher import Batch, Batcher, Item
+from inferq.worker.policy.batcher import Batch, Batcher, Item, padded_cost
 
 
 class LiveCeiling:
@@ -128,14 +127,6 @@ class Next:
 
     batch: Batch | None = None
     wake_at: float | None = None
-
-
-_COST = attrgetter("cost")
-
-
-def padded_cost(items: list[Item]) -> int:
-    # map over attrgetter: the max runs in C, with no Python frame an item
-    return len(items) * max(map(_COST, items)) if items else 0
 
 
 class Scheduler:

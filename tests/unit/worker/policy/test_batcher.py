@@ -91,8 +91,8 @@ def test_extend_rejects_a_bad_cost_and_adds_none(cost: object) -> None:
     size=st.integers(1, 6),
 )
 def test_extend_is_add_in_order(chunks: list[list[int]], tokens: int, size: int) -> None:
-    """A chunk given to `extend` leaves the batcher as adding its items one by one would:
-    the same batches, in the same order, with the same counters."""
+    """A chunk given to `extend` leaves the batcher as adding its items one by one (`add`:
+    a chunk of one) would: the same batches, in the same order, with the same counters."""
     one, many = make(tokens, size, 1e9), make(tokens, size, 1e9)
     n = 0
     for chunk in chunks:
