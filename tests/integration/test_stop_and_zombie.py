@@ -125,16 +125,21 @@ def test_a_frozen_worker_is_taken_over_and_never_clobbers_when_it_resumes(stack:
         before = {i: stack.r.hgetall(keys.job(i)) for i in ids}
     finally:
         a.signal(signal.SIGCONT)
-    # Its in-flight batch ends (its result is refused: the job is final) and its next beat finds
-    # the rest of what it held taken over.
+    # Its in-flight batch ends (its result is refused: the job is final), and it lets go of the
+    # rest of what it held, whichever comes first: its next beat finds them taken over ("lost
+    # N jobs"), or its next batch's START finds them final and drops them. Either way its
+    # beat record then says it holds nothing.
     wait_for(lambda: "batch items=" in a.log(), 10, "the zombie's late batch to end")
     wait_for(
-        lambda: re.search(r"lost \d+ jobs to another worker", a.log()), 15, "the zombie to notice"
+        lambda: stack.r.hget(keys.worker("zombie"), "held_items") == b"0",
+        15,
+        "the zombie to let go of what it held",
     )
-    # Two orders are both right: the batch ends first and FINISH refuses its result (the jobs
-    # are final), or the beat notices first and the batch's result is dropped unwritten.
+    # Two orders are both right for the in-flight batch: it ends first and FINISH refuses its
+    # result (the jobs are final), or the beat notices first and the result is dropped unwritten.
     log_ = a.log()
-    noticed_first = log_.index("to another worker") < log_.index("batch items=")
+    lost = re.search(r"lost \d+ jobs to another worker", log_)
+    noticed_first = lost is not None and lost.start() < log_.index("batch items=")
     if not noticed_first:
         wait_for(lambda: "results not written: their jobs were already final" in a.log(), 10,
                  "the zombie's late result to be refused")  # fmt: skip
