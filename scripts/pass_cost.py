@@ -30,24 +30,26 @@ from typing import Any
 from inferq.shared.jobs import Job, SystemClock
 from inferq.shared.queue import Entry
 from inferq.shared.settings import Settings
-from inferq.worker.policy.batcher import Item
-from inferq.worker.policy.scheduler import LiveCeiling, Scheduler
+from inferq.worker.policy.scheduler import Item, LiveCeiling, Scheduler
 from inferq.worker.telemetry import Telemetry
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 32
 DEADLINE_MS = 60_000  # every held job's: none comes due while timed
+# Each part's file, newest layout first (the batcher had a module of its own until the batch
+# policy became one module): the first that a tree has is loaded.
 FILES = {
-    "batcher": "worker/policy/batcher.py",
-    "expiry": "worker/book.py",
-    "handback": "worker/book.py",
-    "expire_all": "worker/book.py",
+    "batcher": ("worker/policy/scheduler.py", "worker/policy/batcher.py"),
+    "expiry": ("worker/book.py",),
+    "handback": ("worker/book.py",),
+    "expire_all": ("worker/book.py",),
 }
 
 
 def load(tree: Path, what: str, name: str) -> ModuleType:
     """`tree`'s module for `what` (its file in FILES), imported under `name`."""
-    spec = importlib.util.spec_from_file_location(name, tree / FILES[what])
+    path = next((tree / f for f in FILES[what] if (tree / f).exists()), tree / FILES[what][-1])
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while the file runs

@@ -17,12 +17,11 @@ from inferq.shared.jobs import Clock, SystemClock
 from inferq.shared.metrics import WorkerMetrics
 from inferq.shared.registry import ModelInfo, WorkerRegistry
 from inferq.shared.settings import Settings
-from inferq.worker.book import Book
+from inferq.worker.book import Book, Outbox
 from inferq.worker.executor import Executor
 from inferq.worker.heartbeat import Heartbeat
 from inferq.worker.intake import Intake
 from inferq.worker.models.base import Model, model_version
-from inferq.worker.outbox import Outbox
 from inferq.worker.policy.scheduler import LiveCeiling, Scheduler
 from inferq.worker.runtime import Worker, WorkerIdentity, WorkerParts
 from inferq.worker.telemetry import Telemetry

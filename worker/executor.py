@@ -25,7 +25,7 @@ import numpy as np
 from inferq.shared.jobs import ErrorCode, Job, JobError
 from inferq.worker.book import JobState, Work, work
 from inferq.worker.models.base import Model, ModelError, Prepared, is_oom
-from inferq.worker.policy.batcher import Item, padded_cost
+from inferq.worker.policy.scheduler import Item, padded_cost
 
 log = logging.getLogger("inferq.worker")
 

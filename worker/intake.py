@@ -43,8 +43,8 @@ from inferq.worker.models.base import (
     PreparesMany,
     Tensor,
 )
-from inferq.worker.policy.batcher import Item
 from inferq.worker.policy.lanes import lane_order
+from inferq.worker.policy.scheduler import Item
 from inferq.worker.shard_reads import ShardReads
 
 log = logging.getLogger("inferq.worker")

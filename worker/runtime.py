@@ -49,13 +49,11 @@ from inferq.shared.registry import ModelInfo, WorkerBeat, WorkerRegistry
 from inferq.shared.retry import Backoff
 from inferq.shared.settings import Settings
 from inferq.shared.supervise import STOP, Supervisor
-from inferq.worker.book import Book, JobState, Work, work
+from inferq.worker.book import Book, JobState, Outbox, Work, work
 from inferq.worker.executor import Executor
 from inferq.worker.heartbeat import Heartbeat, Snapshot
 from inferq.worker.intake import Arrivals, Intake
-from inferq.worker.outbox import Outbox
-from inferq.worker.policy.batcher import Batch, Item
-from inferq.worker.policy.scheduler import Scheduler
+from inferq.worker.policy.scheduler import Batch, Item, Scheduler
 from inferq.worker.telemetry import Telemetry
 
 log = logging.getLogger("inferq.worker")

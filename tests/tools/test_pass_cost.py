@@ -32,13 +32,13 @@ def test_the_timed_book_holds_every_job_and_ends_none() -> None:
 def test_two_batchers_that_choose_differently_are_not_compared(tmp_path: Path) -> None:
     other = tmp_path / "worker" / "policy"
     other.mkdir(parents=True)
-    source = (REPO / "worker/policy/batcher.py").read_text()
+    source = (REPO / "worker/policy/scheduler.py").read_text()
     # A batcher that takes the newest anchor instead of the oldest.
     mutant = source.replace(
         "next(iter(self._items.items()))", "next(reversed(self._items.items()))"
     )
     assert mutant != source
-    (other / "batcher.py").write_text(mutant)
+    (other / "batcher.py").write_text(mutant)  # an older tree's layout: loaded all the same
     assert pass_cost.compare("batcher", {"a": REPO, "b": REPO}, 64, 10, 1)  # the same
     with pytest.raises(AssertionError, match="different batches"):
         pass_cost.compare("batcher", {"a": REPO, "b": tmp_path}, 64, 10, 1)

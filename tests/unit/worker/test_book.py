@@ -12,8 +12,7 @@ from inferq.shared.queue import Entry, Final
 from inferq.shared.schema import JobField
 from inferq.shared.settings import Settings
 from inferq.worker.book import Book, JobState, Work, job_outputs
-from inferq.worker.policy.batcher import Item
-from inferq.worker.policy.scheduler import LiveCeiling, Scheduler
+from inferq.worker.policy.scheduler import Item, LiveCeiling, Scheduler
 from inferq.worker.telemetry import Telemetry
 
 

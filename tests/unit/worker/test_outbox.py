@@ -11,8 +11,8 @@ import pytest
 
 from inferq.shared.errors import QueueUnavailable
 from inferq.shared.queue import Entry, Final
-from inferq.worker import outbox as outbox_module
-from inferq.worker.outbox import Outbox
+from inferq.worker import book as outbox_module
+from inferq.worker.book import Outbox
 
 
 class FakeQueue:

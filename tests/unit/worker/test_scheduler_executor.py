@@ -16,8 +16,7 @@ from inferq.shared.queue import Entry
 from inferq.worker.book import JobState, Work, work
 from inferq.worker.executor import Executor
 from inferq.worker.models.base import DeviceOutOfMemory
-from inferq.worker.policy.batcher import Item, padded_cost
-from inferq.worker.policy.scheduler import LiveCeiling, Scheduler
+from inferq.worker.policy.scheduler import Item, LiveCeiling, Scheduler, padded_cost
 
 
 def _state(name: str, n: int, attempts: int = 0) -> JobState:

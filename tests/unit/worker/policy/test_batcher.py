@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferq.worker.policy.batcher import Batch, Batcher, Item
+from inferq.worker.policy.scheduler import Batch, Batcher, Item
 
 
 def make(tokens: int = 1000, size: int = 8, wait: float = 1.0) -> Batcher:
