@@ -12,6 +12,8 @@ import orjson
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
+from inferq.api.protocols import Answer
+
 
 class FastJSON(JSONResponse):
     media_type = "application/json"
@@ -102,3 +104,8 @@ def record_response(
     if packed and 200 <= status_code < 300:
         return Msgpack(content, status_code=status_code, headers=headers)
     return FastJSON(content, status_code=status_code, headers=headers)
+
+
+def answer_response(answer: Answer, *, packed: bool = False) -> Response:
+    """A protocol adapter's answer as HTTP, a job record as its client asked (`record_response`)."""
+    return record_response(answer.body, answer.status, answer.headers, packed=packed)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from inferq.api.core.inputs import json_values
+from inferq.api.core.decode import json_values
 from inferq.api.protocols import Adapter, Answer
 from inferq.api.protocols.embeddings import Embeddings
 from inferq.api.protocols.v1 import Infer

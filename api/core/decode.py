@@ -1,54 +1,231 @@
-"""The JSON routes' request bodies, decoded by compiled code: orjson, then explicit checks.
+"""Request bodies, decoded and checked by compiled code: their JSON fields (orjson, then
+explicit checks), and their typed inputs as clients send them → as they travel in Redis.
 
-`/v1/jobs`, `/v1/infer` and `/v1/embeddings` are the hot routes: a quiet request spends more
-CPU building and validating pydantic models than on anything it does. These functions take
-exactly what the strict pydantic models (`core.schemas.SubmitRequest`, `InferRequest`; and
-`protocols.embeddings.EmbeddingsRequest`, decoded there with these helpers) take — which is exactly what the OpenAPI document says —
-and `tests/unit/api/core/test_decode.py` holds the two to the same answers on generated
-bodies, valid and not. The models stay the documentation (and the multipart path's).
+**Fields.** `/v1/jobs`, `/v1/infer` and `/v1/embeddings` are the hot routes: a quiet request
+spends more CPU building and validating pydantic models than on anything it does. The
+protocols' parsers (`protocols.v1.job_body`, `protocols.embeddings.embeddings_body`), built
+on the helpers here, take exactly what the strict pydantic models
+(`core.schemas.SubmitRequest`, `InferRequest`, `protocols.embeddings.EmbeddingsRequest`)
+take, which is exactly what the OpenAPI document says; `tests/unit/api/core/test_decode.py`
+holds the two to the same answers on generated bodies, valid and not. The models stay the
+documentation (and the multipart path's). A refusal is `InvalidBody`: the route answers it
+as a pydantic failure would be (422, `invalid_request`, each problem with its location), or
+in OpenAI's shape (400) on `/v1/embeddings`.
 
-A refusal is `InvalidBody`: the route answers it as a pydantic failure would be (422,
-`invalid_request`, each problem with its location), or in OpenAI's shape (400) on
-`/v1/embeddings`.
+**Inputs**, checked on their way to Redis. JSON items are a string (text), `{"image": "<base64>"}` or `{"tensor": {"dtype", "shape",
+"data"}}` with `data` base64 bytes (little-endian) or nested lists; multipart uploads are
+image parts named `files`. What the API checks, without any image decoder or device:
+
+- sizes: an image over `INFERQ_MAX_IMAGE_BYTES` or a tensor over `INFERQ_MAX_TENSOR_BYTES`
+  → 413; a text over `INFERQ_MAX_INPUT_CHARS` → 413; more than `INFERQ_MAX_INPUTS_PER_JOB`
+  inputs → 413;
+- shape: an empty text, base64 that does not decode, an image whose first bytes are not
+  JPEG, PNG or WebP, a tensor whose bytes do not match dtype × shape, an unknown dtype → 422,
+  each naming the input's index.
+
+Decoding (and refusing an undecodable image or a decompression bomb) is the worker's, in
+its prepare thread. Images and tensors travel as raw msgpack `bin`, never base64 in Redis.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import base64
+import binascii
+import math
 from typing import Any
 
+import numpy as np
 import orjson
+from pydantic import BaseModel, ConfigDict, Field
 
-from inferq.api.core.inputs import ImageItem, InputItem, TensorItem, TensorSpec, check_json_budget
 from inferq.shared.errors import InputInvalid, InputTooLarge
-from inferq.shared.schema import LANES, WEBHOOK_EVENTS, Lane
+from inferq.shared.jobs import image_input, tensor_input
+from inferq.shared.schema import TENSOR_DTYPES, InputKind
 from inferq.shared.settings import Settings
 
-MAX_TIMEOUT_S = 86_400
+_MAGIC = {  # leading bytes → format
+    b"\xff\xd8\xff": "JPEG",
+    b"\x89PNG\r\n\x1a\n": "PNG",
+}
+
+
+# strict: what the OpenAPI schema says is exactly what is accepted (no "1.5" for a number, no
+# true for an integer), the rule the compiled decoder (below) follows too.
+class ImageItem(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    image: str = Field(description="The image file's bytes (JPEG, PNG or WebP), base64.")
+
+
+class TensorSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    dtype: str = Field(description=f"One of {', '.join(sorted(TENSOR_DTYPES))}.")
+    shape: list[int] = Field(description="Dimensions, e.g. [3, 224, 224].")
+    data: str | list[Any] = Field(description="Little-endian bytes as base64, or nested lists.")
+
+
+class TensorItem(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    tensor: TensorSpec
+
+
+InputItem = str | ImageItem | TensorItem
+
+
+def image_format(data: bytes) -> str | None:
+    for magic, name in _MAGIC.items():
+        if data.startswith(magic):
+            return name
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WebP"
+    return None
+
+
+def check_image(data: bytes, index: int, settings: Settings) -> bytes:
+    if len(data) > settings.max_image_bytes:
+        raise InputTooLarge(
+            f"input {index}: image of {len(data)} bytes is over "
+            f"INFERQ_MAX_IMAGE_BYTES={settings.max_image_bytes}"
+        )
+    if image_format(data) is None:
+        raise InputInvalid(f"input {index}: not a JPEG, PNG or WebP image (by its first bytes)")
+    return data
+
+
+def _b64(text: str, index: int, what: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise InputInvalid(f"input {index}: {what} is not valid base64 ({e})") from e
+
+
+def _tensor(spec: TensorSpec, index: int, settings: Settings) -> dict[str, Any]:
+    if spec.dtype not in TENSOR_DTYPES:
+        raise InputInvalid(
+            f"input {index}: tensor dtype {spec.dtype!r}; use one of {sorted(TENSOR_DTYPES)}"
+        )
+    if any(d < 0 for d in spec.shape) or len(spec.shape) > 8:
+        raise InputInvalid(f"input {index}: tensor shape {spec.shape}: at most 8 dims, none < 0")
+    dtype = np.dtype(spec.dtype).newbyteorder("<")
+    expected = math.prod(spec.shape) * dtype.itemsize
+    if expected > settings.max_tensor_bytes:
+        raise InputTooLarge(
+            f"input {index}: tensor of {expected} bytes is over "
+            f"INFERQ_MAX_TENSOR_BYTES={settings.max_tensor_bytes}"
+        )
+    if isinstance(spec.data, str):
+        data = _b64(spec.data, index, "tensor data")
+    else:
+        try:
+            array = np.asarray(spec.data, dtype=dtype)
+        except (ValueError, TypeError, OverflowError) as e:
+            raise InputInvalid(f"input {index}: tensor data does not fit {spec.dtype}: {e}") from e
+        if list(array.shape) != spec.shape:
+            raise InputInvalid(
+                f"input {index}: tensor data has shape {list(array.shape)}, not {spec.shape}"
+            )
+        data = array.tobytes()
+    if len(data) != expected:
+        raise InputInvalid(
+            f"input {index}: tensor data is {len(data)} bytes; {spec.dtype} × {spec.shape} "
+            f"needs {expected}"
+        )
+    return tensor_input(spec.dtype, spec.shape, data)
+
+
+def check_text(text: str, index: int, settings: Settings) -> str:
+    if len(text) > settings.max_input_chars:
+        raise InputTooLarge(
+            f"input {index} has {len(text)} characters, over "
+            f"INFERQ_MAX_INPUT_CHARS={settings.max_input_chars}"
+        )
+    if not text.strip():
+        raise InputInvalid(f"input {index} is empty")
+    return text
+
+
+def json_values(raw: bytes) -> int:
+    """About how many values a JSON body holds (its commas, brackets and braces: a string
+    with commas inside counts a few too many). Counted on the raw bytes, at memchr speed,
+    so an oversized body is refused before anything is parsed."""
+    return raw.count(b",") + raw.count(b"[") + raw.count(b"{")
+
+
+def check_json_budget(raw: bytes, settings: Settings) -> None:
+    """413 for a JSON body with more values than INFERQ_MAX_JSON_VALUES: parsing it would
+    build that many Python objects on the event loop (a nested-list tensor, say)."""
+    if (n := json_values(raw)) > settings.max_json_values:
+        raise InputTooLarge(
+            f"the JSON body holds about {n} values, over INFERQ_MAX_JSON_VALUES="
+            f"{settings.max_json_values}: send large tensors as base64 `data` (little-endian "
+            "bytes) or as multipart uploads"
+        )
+
+
+def item_kinds(items: list[InputItem], settings: Settings) -> list[InputKind]:
+    """Each input's kind, known from its shape before anything is decoded or converted."""
+    if len(items) > settings.max_inputs_per_job:
+        raise InputTooLarge(
+            f"{len(items)} inputs exceed INFERQ_MAX_INPUTS_PER_JOB={settings.max_inputs_per_job}"
+        )
+    return [
+        InputKind.TEXT
+        if isinstance(item, str)
+        else InputKind.IMAGE
+        if isinstance(item, ImageItem)
+        else InputKind.TENSOR
+        for item in items
+    ]
+
+
+def image_kinds(files: list[bytes]) -> list[InputKind]:
+    return [InputKind.IMAGE] * len(files)
+
+
+def wire_inputs(items: list[InputItem], settings: Settings) -> tuple[list[Any], list[InputKind]]:
+    """Checked inputs as they go into Redis, and each one's kind."""
+    item_kinds(items, settings)  # the count first: nothing is converted past the limit
+    if (
+        set(map(type, items)) == {str}
+        and max(map(len, items)) <= settings.max_input_chars  # type: ignore[arg-type]
+        and all(map(str.strip, items))  # type: ignore[arg-type]
+    ):
+        # Texts alone, all within bounds: checked in C, no Python call an input. Any other
+        # body takes the loop below, which converts each input and names a bad one.
+        return list(items), [InputKind.TEXT] * len(items)
+    values: list[Any] = []
+    kinds: list[InputKind] = []
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            values.append(check_text(item, i, settings))
+            kinds.append(InputKind.TEXT)
+        elif isinstance(item, ImageItem):
+            values.append(image_input(check_image(_b64(item.image, i, "image"), i, settings)))
+            kinds.append(InputKind.IMAGE)
+        else:
+            values.append(_tensor(item.tensor, i, settings))
+            kinds.append(InputKind.TENSOR)
+    return values, kinds
+
+
+def wire_images(files: list[bytes], settings: Settings) -> tuple[list[Any], list[InputKind]]:
+    """Uploaded image parts (multipart `files`) as they go into Redis."""
+    if len(files) > settings.max_inputs_per_job:
+        raise InputTooLarge(
+            f"{len(files)} files exceed INFERQ_MAX_INPUTS_PER_JOB={settings.max_inputs_per_job}"
+        )
+    values = [image_input(check_image(data, i, settings)) for i, data in enumerate(files)]
+    return values, [InputKind.IMAGE] * len(values)
+
+
 #: The body of a JSON route that takes no inputs (POST /v1/batches: ids, an endpoint, a window,
 #: at most 16 short metadata pairs) fits in this many bytes. The routes that take inputs are
 #: bounded by INFERQ_MAX_BODY_BYTES (`middleware`) instead; both by INFERQ_MAX_JSON_VALUES.
 MAX_CONTROL_JSON_BYTES = 64 * 1024
-MAX_URL = 2048
-_SUBMIT = frozenset(
-    (
-        "inputs",
-        "input",
-        "model",
-        "priority",
-        "timeout_s",
-        "parameters",
-        "webhook",
-        "metadata",
-        "result_ttl_s",
-    )
-)
 #: A job's `metadata`: OpenAI's bounds for the same field (16 pairs, 64-character keys,
 #: 512-character values), so a label set made for one fits the other.
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
-_INFER = _SUBMIT | {"wait"}
 
 
 class InvalidBody(InputInvalid):
@@ -57,22 +234,6 @@ class InvalidBody(InputInvalid):
     def __init__(self, loc: str, msg: str) -> None:
         super().__init__(f"{loc}: {msg}")
         self.detail = [{"loc": loc, "msg": msg}]
-
-
-@dataclass(slots=True)
-class JobBody:
-    """A decoded `/v1/jobs` or `/v1/infer` body."""
-
-    items: list[InputItem]
-    model: str | None = None
-    priority: Lane = Lane.NORMAL
-    timeout_s: float | None = None
-    parameters: dict[str, Any] = field(default_factory=dict)
-    webhook: str | None = None
-    webhook_events: tuple[str, ...] | None = None  # None: every final status
-    metadata: dict[str, str] = field(default_factory=dict)
-    result_ttl_s: int | None = None
-    wait: float | None = None
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
@@ -112,16 +273,16 @@ def optional_str(value: Any, loc: str) -> str | None:
     return value
 
 
-def _extra(obj: dict[str, Any], allowed: frozenset[str] | set[str], loc: str) -> None:
+def forbid_extra(obj: dict[str, Any], allowed: frozenset[str] | set[str], loc: str) -> None:
     for key in obj:
         if key not in allowed:
             raise InvalidBody(f"{loc}{key}", "Extra inputs are not permitted")
 
 
-def _tensor(value: Any, loc: str) -> TensorItem:
+def _tensor_item(value: Any, loc: str) -> TensorItem:
     if not isinstance(value, dict):
         raise InvalidBody(loc, "Input should be an object")
-    _extra(value, {"dtype", "shape", "data"}, f"{loc}.")
+    forbid_extra(value, {"dtype", "shape", "data"}, f"{loc}.")
     for name in ("dtype", "shape", "data"):
         if name not in value:
             raise InvalidBody(f"{loc}.{name}", "Field required")
@@ -146,13 +307,14 @@ def _item(value: Any, loc: str) -> InputItem:
         if isinstance(value.get("image"), str):
             return ImageItem.model_construct(image=value["image"])
         if "tensor" in value:
-            return _tensor(value["tensor"], f"{loc}.tensor")
+            return _tensor_item(value["tensor"], f"{loc}.tensor")
     raise InvalidBody(
         loc, 'an input is a string, {"image": "<base64>"} or {"tensor": {"dtype", "shape", "data"}}'
     )
 
 
-def _items(body: dict[str, Any]) -> list[InputItem]:
+def input_items(body: dict[str, Any]) -> list[InputItem]:
+    """A job body's inputs: exactly one of `input` (one item) or `inputs` (a list)."""
     inputs, single = body.get("inputs"), body.get("input")
     if (inputs is None) == (single is None):
         raise InvalidBody("body", "give exactly one of 'input' (one item) or 'inputs' (a list)")
@@ -165,33 +327,6 @@ def _items(body: dict[str, Any]) -> list[InputItem]:
     if set(map(type, inputs)) == {str}:  # texts alone: the list is its own answer, no call each
         return inputs
     return [_item(v, f"inputs.{i}") for i, v in enumerate(inputs)]
-
-
-def _webhook(value: Any) -> tuple[str, tuple[str, ...] | None] | None:
-    """(url, events) of a `webhook` object; `events` None when it names none (all of them)."""
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise InvalidBody("webhook", "Input should be an object")
-    _extra(value, {"url", "events"}, "webhook.")
-    url = value.get("url")
-    if not isinstance(url, str):
-        raise InvalidBody(
-            "webhook.url", "Field required" if url is None else "Input should be a valid string"
-        )
-    if len(url) > MAX_URL:
-        raise InvalidBody("webhook.url", f"String should have at most {MAX_URL} characters")
-    events = value.get("events")
-    if events is None:
-        return url, None
-    if not isinstance(events, list) or not events:
-        raise InvalidBody("webhook.events", "Input should be a non-empty list")
-    for i, e in enumerate(events):
-        if e not in WEBHOOK_EVENTS or not isinstance(e, str):
-            raise InvalidBody(
-                f"webhook.events.{i}", f"Input should be one of {list(WEBHOOK_EVENTS)}"
-            )
-    return url, tuple(sorted(set(events)))
 
 
 def metadata(value: Any, loc: str = "metadata") -> dict[str, str]:
@@ -215,35 +350,3 @@ def metadata(value: Any, loc: str = "metadata") -> dict[str, str]:
                 f"{loc}.{k}", f"String should have at most {MAX_METADATA_VALUE} characters"
             )
     return value
-
-
-def job_body(raw: bytes, *, infer: bool) -> JobBody:
-    """A `/v1/jobs` (`infer=False`) or `/v1/infer` body, as `SubmitRequest` / `InferRequest`
-    would take it; `InvalidBody` otherwise."""
-    body = json_object(raw)
-    _extra(body, _INFER if infer else _SUBMIT, "")
-    out = JobBody(_items(body), model=optional_str(body.get("model"), "model"))
-    priority = body.get("priority", Lane.NORMAL)
-    if priority not in LANES or not isinstance(priority, str):
-        raise InvalidBody("priority", "Input should be 'high', 'normal' or 'low'")
-    out.priority = Lane(priority)
-    if (timeout := body.get("timeout_s")) is not None:
-        out.timeout_s = number(timeout, "timeout_s", gt=0)
-        if not out.timeout_s <= MAX_TIMEOUT_S:  # NaN too
-            raise InvalidBody("timeout_s", f"Input should be less than or equal to {MAX_TIMEOUT_S}")
-    parameters = body.get("parameters", {})
-    if not isinstance(parameters, dict):
-        raise InvalidBody("parameters", "Input should be an object")
-    out.parameters = parameters
-    if (webhook := _webhook(body.get("webhook"))) is not None:
-        out.webhook, out.webhook_events = webhook
-    out.metadata = metadata(body.get("metadata"))
-    if (ttl := body.get("result_ttl_s")) is not None:
-        if isinstance(ttl, bool) or not isinstance(ttl, int):
-            raise InvalidBody("result_ttl_s", "Input should be a valid integer")
-        if ttl <= 0:
-            raise InvalidBody("result_ttl_s", "Input should be greater than 0")
-        out.result_ttl_s = ttl
-    if infer and (wait := body.get("wait")) is not None:
-        out.wait = number(wait, "wait", ge=0)
-    return out

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from inferq.api.core.inputs import InputItem
+from inferq.api.core.decode import InputItem
 from inferq.shared.schema import Lane
 
 

@@ -26,15 +26,15 @@ from prometheus_client import Counter
 from inferq.api.core.admission import Admission
 from inferq.api.core.cache import ResultCache
 from inferq.api.core.catalog import ModelCatalog
-from inferq.api.core.errors import refusal_reason
-from inferq.api.core.idempotency import key_reused, request_fingerprint
-from inferq.api.core.inputs import (
+from inferq.api.core.decode import (
     InputItem,
     image_kinds,
     item_kinds,
     wire_images,
     wire_inputs,
 )
+from inferq.api.core.errors import refusal_reason
+from inferq.api.core.idempotency import key_reused, request_fingerprint
 from inferq.api.core.notifier import Notifier, published_job
 from inferq.api.core.redis_memory import RedisMemory
 from inferq.shared import keys

@@ -4,7 +4,7 @@
 /v1/jobs/{id}` are answered here, before FastAPI's router, dependency solving and request
 objects: a quiet request spent about as much CPU in those layers as in its own work. What
 they do is the very functions the FastAPI routes call (`jobs.submit_job_json`,
-`jobs.run_job`, `jobs.read_job`, `embeddings.embeddings_json`), so auth, admission,
+`protocols.v1.run`, `jobs.read_job`, `embeddings.embeddings_json`), so auth, admission,
 idempotency, cancel-on-disconnect, every status and every error body, and the msgpack
 answers of `/v1/infer` and `GET /v1/jobs/{id}` (`Accept`: `responses.wants_msgpack`) are the
 same; the FastAPI routes stay registered, documented in the OpenAPI schema, and serve everything else
@@ -31,7 +31,8 @@ from inferq.api.core.decode import InvalidBody, number
 from inferq.api.handlers import error_response
 from inferq.api.middleware import BodyLimit, BodyTooLarge
 from inferq.api.parts import ApiParts
-from inferq.api.responses import FastJSON, wants_msgpack
+from inferq.api.protocols import v1
+from inferq.api.responses import FastJSON, answer_response, wants_msgpack
 from inferq.api.routes import embeddings, jobs
 
 log = logging.getLogger("inferq.api")
@@ -78,9 +79,9 @@ async def _infer(call: Call) -> Response:
         await _body(call.receive, call.max_body),
         call.parts.settings,
     )
-    sub, wait = jobs.json_submission(raw, settings, call.tenant, key, infer=True)
-    gone = _gone(call.receive)
-    return await jobs.run_job(call.parts.jobs, settings, sub, wait, gone, packed=call.packed)
+    sub, wait = v1.json_submission(raw, settings, call.tenant, key, infer=True)
+    answer = await v1.run(call.parts.jobs, settings, sub, wait, _gone(call.receive))
+    return answer_response(answer, packed=call.packed)
 
 
 async def _embed(call: Call) -> Response:

@@ -9,7 +9,6 @@ the caller's jobs (`core.listing`).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
@@ -18,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, Json, ValidationError
 from starlette.responses import Response
 
 from inferq.api.core.decode import MAX_METADATA_PAIRS, InvalidBody, metadata
-from inferq.api.core.inputs import check_json_budget
 from inferq.api.core.listing import MAX_LIMIT, JobFilter
 from inferq.api.core.schemas import (
     ErrorResponse,
@@ -30,7 +28,7 @@ from inferq.api.core.schemas import (
 )
 from inferq.api.core.service import JobService, Submission
 from inferq.api.protocols import v1
-from inferq.api.responses import MSGPACK, FastJSON, record_response, wants_msgpack
+from inferq.api.responses import MSGPACK, FastJSON, answer_response, record_response, wants_msgpack
 from inferq.api.routes.deps import (
     Config,
     IdempotencyKey,
@@ -131,17 +129,7 @@ async def read_submission(
             result_ttl_s=meta.result_ttl_s,
         )
         return sub, meta.wait
-    return json_submission(await request.body(), settings, tenant, key, infer=infer)
-
-
-def json_submission(
-    raw: bytes, settings: Settings, tenant: str, key: str | None, *, infer: bool
-) -> tuple[Submission, float | None]:
-    """A JSON body's submission and its `wait` (`protocols.v1`: the compiled decoder, exactly
-    what `SubmitRequest` / `InferRequest` document)."""
-    check_json_budget(raw, settings)  # before a parse that would build every value
-    req = v1.parse(raw, infer=infer)
-    return v1.submission(req, tenant, key), req.wait
+    return v1.json_submission(await request.body(), settings, tenant, key, infer=infer)
 
 
 def _accepted(job: Job) -> FastJSON:
@@ -309,33 +297,13 @@ async def infer(
     job if no worker has started it.
     """
     sub, wait = await read_submission(request, settings, tenant, idempotency_key, infer=True)
-    packed = wants_msgpack(request.headers.get("accept"))
-    return await run_job(jobs, settings, sub, wait, lambda: disconnected(request), packed=packed)
+    answer = await v1.run(jobs, settings, sub, wait, lambda: disconnected(request))
+    return answer_response(answer, packed=wants_msgpack(request.headers.get("accept")))
 
 
 async def submit_job_json(
     jobs: JobService, settings: Settings, tenant: str, key: str | None, raw: bytes
 ) -> FastJSON:
     """POST /v1/jobs with a JSON body (the hot path calls this too)."""
-    sub, _ = json_submission(raw, settings, tenant, key, infer=False)
+    sub, _ = v1.json_submission(raw, settings, tenant, key, infer=False)
     return _accepted(await jobs.submit(sub))
-
-
-async def run_job(
-    jobs: JobService,
-    settings: Settings,
-    sub: Submission,
-    wait: float | None,
-    gone: Callable[[], Awaitable[None]],
-    *,
-    packed: bool = False,
-) -> Response:
-    """POST /v1/infer once its body is read: submit, wait, answer (the hot path too).
-    `packed`: msgpack asked for (`wants_msgpack`), for the 200 and 202 answers."""
-    job = await jobs.run(sub, jobs.clamp_wait(wait, settings.sync_wait_s), gone)
-    if job is None:
-        return FastJSON({"status": "cancelled"}, status_code=499)
-    if not job.status.is_final:
-        location = {"Location": f"/v1/jobs/{job.id}"}
-        return record_response(v1.accepted_view(job), 202, location, packed=packed)
-    return record_response(v1.job_view(job), v1.final_status(job), packed=packed)

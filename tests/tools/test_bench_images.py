@@ -11,7 +11,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
 from inferq import cli
-from inferq.api.core.inputs import image_format
+from inferq.api.core.decode import image_format
 from inferq.api.routes.jobs import read_submission
 from inferq.bench import images, inputs, load, report
 from inferq.bench import main as bench_main

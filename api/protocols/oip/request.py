@@ -39,7 +39,7 @@ from typing import Any
 
 import orjson
 
-from inferq.api.core.inputs import InputItem, TensorItem, TensorSpec, check_json_budget
+from inferq.api.core.decode import InputItem, TensorItem, TensorSpec, check_json_budget
 from inferq.api.core.service import Submission
 from inferq.api.protocols.oip.body import split_body
 from inferq.api.protocols.oip.metadata import VERSION, input_kinds, output_kind, output_name
@@ -393,7 +393,7 @@ def tensors(tensor: Tensor) -> list[InputItem]:
         )
     if not tensor.shape:
         raise InputInvalid(f"input '{tensor.name}': a tensor input needs a batch dimension")
-    # A row goes in as an array, not as base64 or nested lists: `core.inputs` takes it as
+    # A row goes in as an array, not as base64 or nested lists: `core.decode` takes it as
     # it is (np.asarray of an array of its dtype is the array) and copies it once, into the
     # job's bytes. `model_construct` because the documented model says str | list.
     return [

@@ -42,7 +42,7 @@ NUMERIC: dict[str, np.dtype[Any]] = {
 DATATYPES = frozenset({*NUMERIC, BYTES})
 #: Datatypes JSON cannot carry faithfully: a half float travels as binary data only.
 BINARY_ONLY = frozenset({"FP16"})
-MAX_DIMS = 8  # as inferq's own tensors (`core.inputs`)
+MAX_DIMS = 8  # as inferq's own tensors (`core.decode`)
 _LENGTH = struct.Struct("<I")
 
 Element = str | bytes | memoryview

@@ -17,10 +17,10 @@ from fastapi.testclient import TestClient
 from inferq.api.batches import lines as bl
 from inferq.api.batches.files import FileRecord, FileStore
 from inferq.api.batches.store import BatchRecord, output_ids
-from inferq.api.core.decode import JobBody
 from inferq.api.middleware import FRAMING_BYTES, UploadLimit
 from inferq.api.protocols import embeddings
 from inferq.api.protocols.embeddings import Answer, EmbeddingsRequest
+from inferq.api.protocols.v1 import JobBody
 from inferq.api.responses import FastJSON
 from inferq.shared import keys
 from inferq.shared.errors import InputInvalid, InputTooLarge, ModelNotServed, Overloaded

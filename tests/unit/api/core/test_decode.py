@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from inferq.api.core.decode import InvalidBody, job_body
-from inferq.api.core.inputs import ImageItem, TensorItem
+from inferq.api.core.decode import ImageItem, InvalidBody, TensorItem
 from inferq.api.core.schemas import InferRequest, SubmitRequest
 from inferq.api.protocols.embeddings import EmbeddingsRequest, embeddings_body
+from inferq.api.protocols.v1 import job_body
 from inferq.api.protocols.vectors import FORMATS
 
 scalars = st.one_of(

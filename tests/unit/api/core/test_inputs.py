@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferq.api.core.inputs import check_text, wire_inputs
+from inferq.api.core.decode import check_text, wire_inputs
 from inferq.shared.errors import InputInvalid, InputTooLarge
 from inferq.shared.schema import InputKind
 from inferq.shared.settings import Settings

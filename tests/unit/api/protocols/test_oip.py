@@ -14,7 +14,7 @@ import orjson
 import pytest
 import tritonclient.http as triton
 
-from inferq.api.core.inputs import wire_inputs
+from inferq.api.core.decode import wire_inputs
 from inferq.api.protocols.oip.body import inflate, split_body
 from inferq.api.protocols.oip.request import (
     OipRequest,
