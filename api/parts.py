@@ -11,11 +11,10 @@ from starlette.datastructures import State
 from inferq.api.batches.files import FileStore
 from inferq.api.batches.leases import BatchLeases
 from inferq.api.batches.store import BatchStore
-from inferq.api.core.admission import Admission
+from inferq.api.core.admission import Admission, RedisMemory
 from inferq.api.core.catalog import ModelCatalog
 from inferq.api.core.listing import JobListing
 from inferq.api.core.notifier import Notifier
-from inferq.api.core.redis_memory import RedisMemory
 from inferq.api.core.service import JobService
 from inferq.api.protocols.oip.body import BodyBudget
 from inferq.shared.metrics import ApiMetrics

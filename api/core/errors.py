@@ -88,7 +88,7 @@ def refusal_reason(exc: RequestError) -> str:
 
 
 # Redis refusals by error code (the word redis-py's message starts with), in our words: what
-# `/readyz` reports after one (`inferq.api.core.redis_memory`). Redis's own text names hosts.
+# `/readyz` reports after one (`inferq.api.core.admission`). Redis's own text names hosts.
 WRITE_REFUSALS = {
     "OOM": "out of memory (maxmemory, noeviction)",
     "MISCONF": "writes stopped after a failed RDB save",
@@ -129,7 +129,7 @@ def write_refusal(exc: BaseException) -> str | None:
 
 def out_of_memory(exc: BaseException) -> bool:
     """A write Redis refused because it is at maxmemory: the memory guard's 503, not
-    "unreachable" (`inferq.api.core.redis_memory.Reservation`)."""
+    "unreachable" (`inferq.api.core.admission.Reservation`)."""
     return write_refusal(exc) == WRITE_REFUSALS["OOM"]
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import msgpack
 from prometheus_client import Counter
 
-from inferq.api.core.admission import Admission
+from inferq.api.core.admission import Admission, RedisMemory
 from inferq.api.core.cache import ResultCache
 from inferq.api.core.catalog import ModelCatalog
 from inferq.api.core.decode import (
@@ -36,7 +36,6 @@ from inferq.api.core.decode import (
 from inferq.api.core.errors import refusal_reason
 from inferq.api.core.idempotency import key_reused, request_fingerprint
 from inferq.api.core.notifier import Notifier, published_job
-from inferq.api.core.redis_memory import RedisMemory
 from inferq.shared import keys
 from inferq.shared.errors import (
     InputInvalid,

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from inferq.api.batches.files import CHUNK_BYTES, PURPOSES, new_file_id
-from inferq.api.core.redis_memory import FILE_WEIGHT
+from inferq.api.core.admission import FILE_WEIGHT
 from inferq.api.middleware import BodyTooLarge
 from inferq.api.responses import FastJSON, list_page
 from inferq.api.routes.deps import Config, Files, Memory, Tenant

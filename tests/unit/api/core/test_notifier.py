@@ -9,11 +9,10 @@ import fakeredis
 import pytest
 
 from inferq.api.core import notifier as notifier_module
-from inferq.api.core.admission import Admission
+from inferq.api.core.admission import Admission, RedisMemory
 from inferq.api.core.cache import ResultCache
 from inferq.api.core.catalog import ModelCatalog
 from inferq.api.core.notifier import Notifier
-from inferq.api.core.redis_memory import RedisMemory
 from inferq.api.core.service import Checks, JobService
 from inferq.api.webhooks.contract import submit_target
 from inferq.shared import keys

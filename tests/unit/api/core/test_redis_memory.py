@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from redis.exceptions import OutOfMemoryError, ResponseError
 
-from inferq.api.core.redis_memory import (
+from inferq.api.core.admission import (
     IN_FLIGHT_WEIGHT,
+    MEMORY_TTL_S,
     NEAR_TTL_S,
     REFUSAL_READY_S,
-    TTL_S,
     RedisMemory,
     memory_reading,
 )
@@ -64,7 +64,7 @@ async def test_far_from_the_mark_info_is_read_once_a_ttl() -> None:
     for _ in range(50):
         await memory.check()
     assert redis.reads == 1
-    clock.now += TTL_S
+    clock.now += MEMORY_TTL_S
     await memory.check()
     assert redis.reads == 2
 
@@ -132,7 +132,7 @@ async def test_info_denied_turns_the_guard_off() -> None:
     redis.denied = True
     memory = guard(redis, clock)
     await memory.check()
-    clock.now += TTL_S
+    clock.now += MEMORY_TTL_S
     await memory.check()
     assert redis.reads == 1 and memory.high_water == float("inf")
 
