@@ -33,7 +33,6 @@ from inferq.api.core.auth import load_admin_keys, load_api_keys
 from inferq.api.core.cache import ResultCache
 from inferq.api.core.catalog import ModelCatalog
 from inferq.api.core.listing import JobListing
-from inferq.api.core.notifier import Notifier
 from inferq.api.core.schemas import InferRequest, SubmitRequest
 from inferq.api.core.service import Checks, JobService
 from inferq.api.middleware import UploadLimit
@@ -58,7 +57,7 @@ from inferq.api.webhooks.contract import submit_target
 from inferq.api.webhooks.dispatcher import Dispatcher
 from inferq.shared.heap import freeze_startup
 from inferq.shared.metrics import ApiMetrics, api_metrics
-from inferq.shared.producer import JobProducer
+from inferq.shared.producer import JobProducer, Notifier
 from inferq.shared.redis_conn import api_client, pubsub_client, sibling
 from inferq.shared.registry import WorkerRegistry
 from inferq.shared.settings import Settings

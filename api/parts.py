@@ -14,11 +14,10 @@ from inferq.api.batches.store import BatchStore
 from inferq.api.core.admission import Admission, RedisMemory
 from inferq.api.core.catalog import ModelCatalog
 from inferq.api.core.listing import JobListing
-from inferq.api.core.notifier import Notifier
 from inferq.api.core.service import JobService
 from inferq.api.protocols.oip.body import BodyBudget
 from inferq.shared.metrics import ApiMetrics
-from inferq.shared.producer import JobProducer
+from inferq.shared.producer import JobProducer, Notifier
 from inferq.shared.registry import WorkerRegistry
 from inferq.shared.settings import Settings
 

@@ -35,7 +35,6 @@ from inferq.api.core.decode import (
 )
 from inferq.api.core.errors import refusal_reason
 from inferq.api.core.idempotency import key_reused, request_fingerprint
-from inferq.api.core.notifier import Notifier, published_job
 from inferq.shared import keys
 from inferq.shared.errors import (
     InputInvalid,
@@ -57,7 +56,7 @@ from inferq.shared.jobs import (
     now_ms,
 )
 from inferq.shared.metrics import ApiMetrics
-from inferq.shared.producer import JobProducer
+from inferq.shared.producer import JobProducer, Notifier, published_job
 from inferq.shared.queue import Idempotency, Submitted, per_shard
 from inferq.shared.schema import JobField
 from inferq.shared.settings import Settings

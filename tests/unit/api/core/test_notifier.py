@@ -8,16 +8,16 @@ from collections.abc import AsyncIterator
 import fakeredis
 import pytest
 
-from inferq.api.core import notifier as notifier_module
 from inferq.api.core.admission import Admission, RedisMemory
 from inferq.api.core.cache import ResultCache
 from inferq.api.core.catalog import ModelCatalog
-from inferq.api.core.notifier import Notifier
 from inferq.api.core.service import Checks, JobService
 from inferq.api.webhooks.contract import submit_target
 from inferq.shared import keys
+from inferq.shared import producer as notifier_module
 from inferq.shared.jobs import Job, Status, encode_final, encode_submit
 from inferq.shared.metrics import api_metrics
+from inferq.shared.producer import Notifier
 from inferq.shared.registry import WorkerRegistry
 from inferq.shared.settings import Settings
 from tests.queues import JobQueue
