@@ -28,10 +28,9 @@ from inferq.api import handlers
 from inferq.api.batches.files import FileStore
 from inferq.api.batches.leases import BatchLeases
 from inferq.api.batches.store import BatchStore
-from inferq.api.core.admission import Admission, RedisMemory
+from inferq.api.core.admission import Admission, ModelCatalog, RedisMemory
 from inferq.api.core.auth import load_admin_keys, load_api_keys
 from inferq.api.core.cache import ResultCache
-from inferq.api.core.catalog import ModelCatalog
 from inferq.api.core.listing import JobListing
 from inferq.api.core.schemas import InferRequest, SubmitRequest
 from inferq.api.core.service import Checks, JobService

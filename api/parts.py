@@ -11,8 +11,7 @@ from starlette.datastructures import State
 from inferq.api.batches.files import FileStore
 from inferq.api.batches.leases import BatchLeases
 from inferq.api.batches.store import BatchStore
-from inferq.api.core.admission import Admission, RedisMemory
-from inferq.api.core.catalog import ModelCatalog
+from inferq.api.core.admission import Admission, ModelCatalog, RedisMemory
 from inferq.api.core.listing import JobListing
 from inferq.api.core.service import JobService
 from inferq.api.protocols.oip.body import BodyBudget

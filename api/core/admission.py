@@ -1,40 +1,38 @@
-"""Admission: whether new work may come in, and what a refused client is told. Two guards, in
-this order below: how much work a model's queue may hold (`Admission`), and whether Redis
-has room for it (`RedisMemory`).
+"""Admission: whether new work may come in, and what a refused client is told. Three checks,
+in the order a submit meets them and this module holds them:
 
-**The queue's limit** (`Admission`). Pure: no Redis, no clock. The numbers come in (items
-queued, the workers' recent items/s, the job's deadline); a limit or a refusal goes out. The Redis side (`scripts.SUBMIT`) applies
-the limit atomically per shard; this object decides what the limit is and words the 429.
+**The model** (`ModelCatalog`): served here, and taking these inputs as its workers declared
+them in Redis; with how fast its workers go. Each is read at most every few seconds per
+process, by one request at a time: the requests that find it stale while it is being read
+wait for that read (at 512 clients, each request arriving during one read's round trip used
+to read it again: ~14 % of the API's CPU).
 
-Invariants:
+**The queue's room** (`Admission`). Pure: no Redis, no clock. The numbers come in (items
+queued, the workers' recent items/s, the job's deadline); a limit or a refusal goes out. The
+Redis side (`scripts.SUBMIT`) applies the limit atomically per shard. Invariants:
 
 * `limit` never admits fewer than the job's own items when workers are live (rate > 0): a
   job alone in an empty queue is never refused for being slow; it never exceeds
-  `max_queue`.
-* With a rate, the limit is what the workers finish before the deadline
-  (rate × timeout), so an admitted job can finish in time.
+  `max_queue`. With a rate, it is what the workers finish before the deadline (rate ×
+  timeout), so an admitted job can finish in time.
 * Every refusal carries `retry_after_s >= 1` and a `reason` from a fixed set
   (`REASONS`): metrics label it, clients read it.
 * `retry_after_s` is the time for enough of the queue ahead to drain that this job fits;
   without a rate it is an estimate at 100 items/s, and for bytes the job's own run time.
 
 **Redis's room** (`RedisMemory`). Redis runs with `maxmemory` and `noeviction` (it refuses
-writes when full rather than drop a job); the API refuses new work a little before that, at `INFERQ_REDIS_MEMORY_HIGH_WATER`
-of maxmemory, with 503 + Retry-After, so that what was accepted can still be finished,
-published and acknowledged. A Redis without maxmemory is never full here.
-
-`INFO memory` is read at most every `MEMORY_TTL_S` per process (one reading at a time:
-concurrent callers share it). Between readings the guard counts, in this process:
-
-- `reserved`: bytes admitted and not yet written (`admit`). The decision and the reservation
-  happen with no await between them, so 30 requests arriving together are each judged
-  against the reservations of those admitted before them, never all against the same stale
-  figure (check-then-act: 30 x 4.9 MB once ran a 128 MiB Redis to 150 % of maxmemory);
-- `written`: bytes written since the last reading (a reservation whose write landed).
-
-A write Redis itself refuses for memory (OOM under noeviction: another process filled it)
-leaves `admit` as this guard's `RedisFull` (503 + Retry-After), not as "unreachable", and
-every refused write is remembered for `/readyz` (`refusing`).
+writes when full rather than drop a job); the API refuses new work a little before that, at
+`INFERQ_REDIS_MEMORY_HIGH_WATER` of maxmemory, with 503 + Retry-After, so that what was
+accepted can still be finished, published and acknowledged (a Redis without maxmemory is
+never full here). `INFO memory` is read at most every `MEMORY_TTL_S` per process, one
+reading at a time; between readings the guard counts what this process has `reserved`
+(admitted, not yet written) and `written` since. The decision and the reservation happen
+with no await between them, so 30 requests arriving together are each judged against those
+admitted before them, never all against one stale figure (check-then-act: 30 x 4.9 MB once
+ran a 128 MiB Redis to 150 % of maxmemory). A write Redis itself refuses for memory (OOM
+under noeviction: another process filled it) leaves `admit` as this guard's `RedisFull`
+(503 + Retry-After), not as "unreachable", and every refused write is remembered for
+`/readyz` (`refusing`).
 """
 
 from __future__ import annotations
@@ -43,20 +41,105 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from inferq.api.core.errors import out_of_memory, write_refusal
-from inferq.shared.errors import Overloaded, QueueUnavailable, RedisFull
+from inferq.shared.errors import (
+    InputInvalid,
+    ModelNotServed,
+    Overloaded,
+    QueueUnavailable,
+    RedisFull,
+)
+from inferq.shared.jobs import now_ms
 from inferq.shared.metrics import ApiMetrics
 from inferq.shared.redis_conn import unavailable
+from inferq.shared.registry import ModelInfo, WorkerRegistry
+from inferq.shared.schema import InputKind
+from inferq.shared.settings import Settings
 
 log = logging.getLogger("inferq.api")
+
+# Worker throughput and model declarations are read from Redis at most this often per model.
+THROUGHPUT_TTL_S = 1.0
+INFO_TTL_S = 5.0
+
+T = TypeVar("T")
+
+
+class ModelCatalog:
+    def __init__(self, settings: Settings, registry: WorkerRegistry) -> None:
+        self.default = settings.default_model.name
+        self.names = settings.served_models
+        self.registry = registry
+        self._throughput: dict[str, tuple[float, float]] = {}  # model → (read at, items/s)
+        self._info: dict[str, tuple[float, ModelInfo | None]] = {}  # model → (read at, info)
+        self._reading: dict[str, asyncio.Future[Any]] = {}  # key → the read under way
+
+    def resolve(self, requested: str | None) -> str:
+        """The served model a request names (the default when it names none); 404 if the
+        name is not served here (the message shows at most 64 of its characters)."""
+        name = requested or self.default
+        if name not in self.names:
+            served = ", ".join(sorted(self.names))
+            raise ModelNotServed(f"model {name[:64]!r} is not served here; served: {served}")
+        return name
+
+    async def _read_once(self, key: str, read: Callable[[], Awaitable[T]]) -> T:
+        """One read per key at a time: a caller that comes while one runs awaits that one."""
+        running = self._reading.get(key)
+        if running is None:
+            running = self._reading[key] = asyncio.ensure_future(read())
+            running.add_done_callback(lambda _, k=key: self._reading.pop(k, None))  # type: ignore[misc]
+        # Shielded: a caller that leaves (its client gone) does not cancel the others' read.
+        return await asyncio.shield(running)  # type: ignore[no-any-return]
+
+    async def throughput(self, model: str) -> float:
+        """Recent items/s of the model's live workers (cached briefly per process)."""
+        now = time.monotonic()
+        cached = self._throughput.get(model)
+        if cached is not None and now - cached[0] < THROUGHPUT_TTL_S:
+            return cached[1]
+        value = await self._read_once(
+            f"throughput:{model}", lambda: self.registry.throughput(model, now_ms())
+        )
+        self._throughput[model] = (now, value)
+        return value
+
+    async def info(self, model: str) -> ModelInfo | None:
+        """What `model` takes, as its workers declared it (None until one has started)."""
+        now = time.monotonic()
+        cached = self._info.get(model)
+        if cached is not None and now - cached[0] < INFO_TTL_S:
+            return cached[1]
+        info = await self._read_once(f"info:{model}", lambda: self.registry.model_info(model))
+        if info is not None:  # not yet declared: look again next time, not in INFO_TTL_S
+            self._info[model] = (now, info)
+        return info
+
+    async def check(self, model: str, kinds: list[InputKind], parameters: dict[str, Any]) -> None:
+        """Inputs of a kind the model does not take, or parameters it does not know → 422."""
+        info = await self.info(model)
+        if info is None:
+            return  # no worker has declared it yet: the worker checks (invalid_input)
+        for i, kind in enumerate(kinds):
+            if kind not in info.inputs:
+                raise InputInvalid(
+                    f"input {i} is {kind}, but model {model!r} takes {', '.join(info.inputs)}"
+                )
+        if unknown := sorted(set(parameters) - set(info.parameters)):
+            takes = ", ".join(sorted(info.parameters)) or "none"
+            shown = [u[:64] for u in unknown[:8]]
+            raise InputInvalid(f"unknown parameters {shown} for model {model!r}; it takes: {takes}")
+
+
+# --- The queue's room ---
 
 #: Why a submit was refused (the label of `inferq_jobs_rejected_total{reason}`).
 REASONS = (

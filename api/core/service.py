@@ -23,9 +23,8 @@ from typing import Any
 import msgpack
 from prometheus_client import Counter
 
-from inferq.api.core.admission import Admission, RedisMemory
+from inferq.api.core.admission import Admission, ModelCatalog, RedisMemory
 from inferq.api.core.cache import ResultCache
-from inferq.api.core.catalog import ModelCatalog
 from inferq.api.core.decode import (
     InputItem,
     image_kinds,

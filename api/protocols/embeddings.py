@@ -44,7 +44,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from inferq.api.core.catalog import ModelCatalog
+from inferq.api.core.admission import ModelCatalog
 from inferq.api.core.decode import InvalidBody, json_object, json_values, number, optional_str
 from inferq.api.core.errors import job_failure, request_error
 from inferq.api.core.service import Submission

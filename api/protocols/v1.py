@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferq.api.core.catalog import ModelCatalog
+from inferq.api.core.admission import ModelCatalog
 from inferq.api.core.decode import (
     InputItem,
     InvalidBody,

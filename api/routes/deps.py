@@ -14,9 +14,8 @@ from fastapi import Depends, Header, Request
 from inferq.api.batches.files import FileStore
 from inferq.api.batches.leases import BatchLeases
 from inferq.api.batches.store import BatchStore
-from inferq.api.core.admission import RedisMemory
+from inferq.api.core.admission import ModelCatalog, RedisMemory
 from inferq.api.core.auth import check_admin, tenant_of
-from inferq.api.core.catalog import ModelCatalog
 from inferq.api.core.listing import JobListing
 from inferq.api.core.service import JobService
 from inferq.api.parts import ApiParts, parts_of

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from inferq.api.core import catalog as catalog_module
-from inferq.api.core.catalog import ModelCatalog
+from inferq.api.core import admission as catalog_module
+from inferq.api.core.admission import ModelCatalog
 from inferq.shared.errors import QueueUnavailable
 from inferq.shared.registry import ModelInfo
 from inferq.shared.settings import Settings

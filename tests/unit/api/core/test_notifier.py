@@ -8,9 +8,8 @@ from collections.abc import AsyncIterator
 import fakeredis
 import pytest
 
-from inferq.api.core.admission import Admission, RedisMemory
+from inferq.api.core.admission import Admission, ModelCatalog, RedisMemory
 from inferq.api.core.cache import ResultCache
-from inferq.api.core.catalog import ModelCatalog
 from inferq.api.core.service import Checks, JobService
 from inferq.api.webhooks.contract import submit_target
 from inferq.shared import keys
