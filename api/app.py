@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Depends, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 from redis.asyncio import Redis
 
@@ -50,7 +50,7 @@ from inferq.api.routes import (
     usage,
 )
 from inferq.api.routes.deps import authenticate, require_admin
-from inferq.api.routes.fast import FastPath, InferqAPI
+from inferq.api.routes.fast import FastPath, HotTable, InferqAPI
 from inferq.api.webhooks.contract import check_settings as check_webhook_settings
 from inferq.api.webhooks.contract import submit_target
 from inferq.api.webhooks.dispatcher import Dispatcher
@@ -221,19 +221,23 @@ def _mount(app: InferqAPI, settings: Settings) -> None:
     # belongs to it). Health and metrics are the operator's: INFERQ_ADMIN_KEYS.
     authed = [Depends(authenticate)]
     admin = [Depends(require_admin)]
-    app.include_router(jobs.router)
-    app.include_router(health.router)
-    app.include_router(health.admin, dependencies=admin)
-    app.include_router(embeddings.router)
-    app.include_router(files.router, dependencies=authed)
-    app.include_router(batches.router, dependencies=authed)
-    app.include_router(observability.router)  # its route checks the key (`deps.Viewer`)
-    app.include_router(observability.admin, dependencies=admin)
-    app.include_router(status.router)
-    app.include_router(usage.router)  # its route takes the tenant (`deps.Tenant`)
-    # The Open Inference Protocol (/v2): its routes check the tenant themselves, so a 401
-    # reads in the protocol's error shape; liveness and readiness are open.
-    app.include_router(oip.router)
+    mounted: list[tuple[APIRouter, list[Any]]] = [
+        (jobs.router, []),
+        (health.router, []),
+        (health.admin, admin),
+        (embeddings.router, []),
+        (files.router, authed),
+        (batches.router, authed),
+        (observability.router, []),  # its route checks the key (`deps.Viewer`)
+        (observability.admin, admin),
+        (status.router, []),
+        (usage.router, []),  # its route takes the tenant (`deps.Tenant`)
+        # The Open Inference Protocol (/v2): its routes check the tenant themselves, so a 401
+        # reads in the protocol's error shape; liveness and readiness are open.
+        (oip.router, []),
+    ]
+    for router, guards in mounted:
+        app.include_router(router, dependencies=guards)
     # INFERQ_MAX_BODY_BYTES, but INFERQ_MAX_BATCH_FILE_BYTES for file uploads.
     limits = {
         "max_body_bytes": settings.max_body_bytes,
@@ -241,5 +245,6 @@ def _mount(app: InferqAPI, settings: Settings) -> None:
     }
     app.add_middleware(UploadLimit, **limits)
     # The hot JSON routes, ahead of the whole stack (`InferqAPI`); they apply the body limit
-    # as they read (`FastPath`).
-    app.hot = FastPath(app.stack, settings.max_body_bytes)
+    # as they read (`FastPath`). Which requests they take is read off the routes just mounted.
+    routes = [route for router, _ in mounted for route in router.routes]
+    app.hot = FastPath(app.stack, settings.max_body_bytes, HotTable.of(routes))

@@ -7,7 +7,8 @@ they do is the very functions the FastAPI routes call (`jobs.submit_job_json`,
 `protocols.v1.run`, `jobs.read_job`, `embeddings.embeddings_json`), so auth, admission,
 idempotency, cancel-on-disconnect, every status and every error body, and the msgpack
 answers of `/v1/infer` and `GET /v1/jobs/{id}` (`Accept`: `responses.wants_msgpack`) are the
-same; the FastAPI routes stay registered, documented in the OpenAPI schema, and serve everything else
+same. Which requests come here is read off those documented routes (`HOT`, `HotTable`): the
+FastAPI routes stay registered, documented in the OpenAPI schema, and serve everything else
 (multipart uploads, DELETE, anything this does not recognise).
 
 It applies the body limit itself as it reads a body (`middleware.BodyLimit`'s 413: a declared
@@ -18,12 +19,15 @@ ahead of FastAPI's own stack (`InferqAPI`, below: the app `create_app` builds).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qsl
 
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from starlette.responses import Response
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferq.api.core.auth import tenant_of
@@ -37,7 +41,6 @@ from inferq.api.routes import embeddings, jobs
 
 log = logging.getLogger("inferq.api")
 
-JOB_PREFIX = "/v1/jobs/"
 MAX_IDEMPOTENCY_KEY = 256  # as the FastAPI routes' `IdempotencyKey` header declares
 
 
@@ -63,7 +66,7 @@ Handler = Callable[[Call], Awaitable[Response]]
 
 
 async def _read(call: Call) -> Response:
-    job_id = call.scope["path"][len(JOB_PREFIX) :]
+    job_id = call.scope["path"].rpartition("/")[2]  # the table matched one segment after it
     wait = _wait(call.scope)
     return await jobs.read_job(call.parts.jobs, job_id, call.tenant, wait, packed=call.packed)
 
@@ -92,36 +95,55 @@ async def _embed(call: Call) -> Response:
     )
 
 
-#: The hot routes, (method, path) → handler; `{id}` stands for one path segment. The FastAPI
-#: routes document the same (method, path) pairs (`tests/unit/api/test_fast.py` holds the
-#: two together) and serve what this does not take: multipart bodies, and every other route.
-HOT: dict[tuple[str, str], Handler] = {
-    ("GET", JOB_PREFIX + "{id}"): _read,
-    ("POST", "/v1/jobs"): _submit,
-    ("POST", "/v1/infer"): _infer,
-    ("POST", "/v1/embeddings"): _embed,
+#: The hot routes: the FastAPI endpoint of each documented route the hot path answers → the
+#: handler that answers it here. Their methods and paths are read off the app's routes
+#: (`HotTable.of`): the documented routes are the one table of both. FastAPI serves what
+#: this does not take: multipart bodies, and every other route.
+HOT: dict[Callable[..., Any], Handler] = {
+    jobs.get_job: _read,
+    jobs.submit_job: _submit,
+    jobs.infer: _infer,
+    embeddings.create_embeddings: _embed,
 }
-_READ = HOT[("GET", JOB_PREFIX + "{id}")]
 
 
-def hot_handler(scope: Scope, headers: dict[bytes, bytes] | None = None) -> Handler | None:
-    """The handler of a request the hot path answers (`HOT`), or None."""
-    method, path = scope["method"], scope["path"]
-    if method == "GET":
-        hot = path.startswith(JOB_PREFIX) and "/" not in path[len(JOB_PREFIX) :]
-        return _READ if hot else None
-    handler = HOT.get((method, path))
-    if handler is None:
-        return None
-    if headers is None:
-        headers = _headers(scope)
-    multipart = headers.get(b"content-type", b"").startswith(b"multipart/form-data")
-    return None if multipart else handler
+@dataclass(frozen=True, slots=True)
+class HotTable:
+    """(method, path) → handler of the hot routes, built from the app's routes: a path as
+    documented, or, for a path whose last segment is one `{parameter}`, its prefix (then one
+    segment, no more)."""
 
+    exact: dict[tuple[str, str], Handler]
+    prefixed: dict[tuple[str, str], Handler]  # (method, path up to its last "/")
 
-def is_hot(scope: Scope, headers: dict[bytes, bytes] | None = None) -> bool:
-    """Whether this HTTP request is one the hot path answers."""
-    return hot_handler(scope, headers) is not None
+    @classmethod
+    def of(cls, routes: Iterable[BaseRoute]) -> HotTable:
+        exact: dict[tuple[str, str], Handler] = {}
+        prefixed: dict[tuple[str, str], Handler] = {}
+        for route in routes:
+            if not isinstance(route, APIRoute) or (handler := HOT.get(route.endpoint)) is None:
+                continue
+            head, _, last = route.path.rpartition("/")
+            for method in route.methods or ():
+                if last.startswith("{"):
+                    prefixed[(method, head)] = handler
+                else:
+                    exact[(method, route.path)] = handler
+        return cls(exact, prefixed)
+
+    def handler(self, scope: Scope, headers: dict[bytes, bytes] | None = None) -> Handler | None:
+        """The handler of a request the hot path answers, or None."""
+        method, path = scope["method"], scope["path"]
+        handler = self.exact.get((method, path))
+        if handler is None:
+            head, _, last = path.rpartition("/")
+            handler = self.prefixed.get((method, head)) if last else None
+        if handler is None or method == "GET":
+            return handler
+        if headers is None:
+            headers = _headers(scope)
+        multipart = headers.get(b"content-type", b"").startswith(b"multipart/form-data")
+        return None if multipart else handler
 
 
 async def _body(receive: Receive, limit: int) -> bytes:
@@ -186,16 +208,17 @@ class FastPath:
     upload, the one route with a limit of its own), so no middleware wraps its receive and
     send."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, table: HotTable) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.table = table
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = _headers(scope)
-        handler = hot_handler(scope, headers)
+        handler = self.table.handler(scope, headers)
         if handler is None:
             await self.app(scope, receive, send)
             return
@@ -234,14 +257,15 @@ class InferqAPI(FastAPI):
     clients) and did nothing for it (`FastPath` answers every error itself). Everything
     else goes through the stack as FastAPI builds it."""
 
-    hot: ASGIApp | None = None
+    hot: FastPath | None = None
 
     async def stack(self, scope: Scope, receive: Receive, send: Send) -> None:
         await super().__call__(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.hot is not None and scope["type"] == "http" and is_hot(scope):
+        hot = self.hot
+        if hot is not None and scope["type"] == "http" and hot.table.handler(scope) is not None:
             scope["app"] = self  # what Starlette sets: the routes read `app.state`
-            await self.hot(scope, receive, send)
+            await hot(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
