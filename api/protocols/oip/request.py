@@ -97,7 +97,7 @@ class OipRequest:
     inputs: list[Tensor]
     outputs: list[Output] | None  # None: every output
     binary_output: bool = False
-    lane: str = Lane.NORMAL
+    priority: str = Lane.NORMAL  # inferq's, from the OIP's number (`_policy`)
     timeout_s: float | None = None
     parameters: dict[str, Any] = field(default_factory=dict)  # the model's
 
@@ -179,7 +179,7 @@ def _policy(req: OipRequest, params: dict[str, Any]) -> None:
     is left is the model's."""
     params = dict(params)
     priority = _uint(params, "priority")
-    req.lane = Lane.HIGH if priority == 1 else Lane.LOW if priority >= 3 else Lane.NORMAL
+    req.priority = Lane.HIGH if priority == 1 else Lane.LOW if priority >= 3 else Lane.NORMAL
     timeout_us = _uint(params, "timeout")
     if timeout_us > MAX_TIMEOUT_US:
         raise InputInvalid(f"parameter 'timeout' is {timeout_us} µs, over a day ({MAX_TIMEOUT_US})")
@@ -335,7 +335,7 @@ def submission(
     sub = Submission(
         model=model,
         tenant=tenant,
-        priority=req.lane,
+        priority=req.priority,
         timeout_s=req.timeout_s,
         idempotency_key=idempotency_key,
         parameters=parameters,

@@ -68,7 +68,7 @@ def test_what_tritonclient_sends_parses_binary_and_json() -> None:
             [a, b], request_id="r1", priority=1, timeout=2_500_000, parameters={"scale": 2}
         )
         req = parse_infer(body, None if length is None else str(length), SETTINGS, MANY)
-        assert req.id == "r1" and req.lane == "high" and req.timeout_s == 2.5
+        assert req.id == "r1" and req.priority == "high" and req.timeout_s == 2.5
         assert req.parameters == {"scale": 2} and req.outputs is None
         assert req.binary_output is True  # the client asks for binary outputs by default
         got = req.inputs[0].values
@@ -157,8 +157,8 @@ ONE = _tensor("text", "BYTES", [1], data=["x"])
     ("priority", "lane"), [(0, "normal"), (1, "high"), (2, "normal"), (3, "low"), (99, "low")]
 )
 def test_priority_maps_to_a_lane(priority: int, lane: str) -> None:
-    assert _json(ONE, parameters={"priority": priority}).lane == lane
-    assert _json(ONE).lane == "normal"
+    assert _json(ONE, parameters={"priority": priority}).priority == lane
+    assert _json(ONE).priority == "normal"
 
 
 def test_the_schedule_policy_and_the_models_parameters() -> None:
@@ -236,7 +236,7 @@ def _text_request(elements: list[bytes]) -> OipRequest:
 
 def test_texts_become_text_items() -> None:
     req = _text_request([b"hello", "ü".encode()])
-    req.lane, req.timeout_s, req.parameters = "low", 2.0, {"x": 1}
+    req.priority, req.timeout_s, req.parameters = "low", 2.0, {"x": 1}
     sub = _sub(req, TEXT)
     assert sub.items == ["hello", "ü"] and sub.files == []
     assert (sub.model, sub.tenant, sub.idempotency_key) == ("m", "acme", "key-1")
