@@ -300,11 +300,13 @@ def pack_field(value: Any) -> bytes:
     return _pack(value)
 
 
+# Members by value: a dict lookup, where calling the enum is two Python calls a record.
+_STATUSES = {s.value: s for s in Status}
+_CODES = {c.value: c for c in ErrorCode}
+
+
 def _code(value: str) -> str:
-    try:
-        return ErrorCode(value)
-    except ValueError:
-        return value  # a code from a newer writer: shown as is
+    return _CODES.get(value, value)  # a code from a newer writer: shown as is
 
 
 def decode_job(raw: dict[bytes, bytes]) -> Job:
@@ -320,7 +322,7 @@ def decode_job(raw: dict[bytes, bytes]) -> Job:
             id=f[F.ID],
             model=f[F.MODEL],
             inputs=f.get(F.INPUTS, []),
-            status=Status(f[F.STATUS]),
+            status=_STATUSES[f[F.STATUS]],
             tenant=f.get(F.TENANT, ""),
             priority=f.get(F.PRIORITY, "normal"),
             entry=f.get(F.ENTRY, ""),

@@ -140,6 +140,11 @@ class JobService:
         self._webhook_target = checks.webhook_target
         self.shutting_down = False
         self._turn = itertools.count(random.randrange(1024))  # the next unpinned job's shard
+        # Caps hold per shard (a script sees one shard's counters): the fixed ones, once.
+        shards, caps = queue.shards, self.admission.tenant_caps()
+        self._shard_bytes = per_shard(settings.max_queue_bytes, shards)
+        self._shard_tenant_caps = (per_shard(caps[0], shards), per_shard(caps[1], shards))
+        self._replicas_wait = (settings.redis_wait_replicas, self._wait_ms())
 
     # --- submit ---
     async def submit(self, sub: Submission) -> Job:
@@ -299,14 +304,13 @@ class JobService:
         for step in range(1 if place.pinned else shards):
             if step:
                 job.id = new_job_id(job.model, (place.first + step) % shards, shards)
-            caps = self.admission.tenant_caps()
             done = await self.queue.submit(
                 job,
                 max_queue=per_shard(limit, shards),
-                max_bytes=per_shard(self.settings.max_queue_bytes, shards),
+                max_bytes=self._shard_bytes,
                 idempotency=self._idempotency(place),
-                wait=(self.settings.redis_wait_replicas, self._wait_ms()),
-                tenant_caps=(per_shard(caps[0], shards), per_shard(caps[1], shards)),
+                wait=self._replicas_wait,
+                tenant_caps=self._shard_tenant_caps,
             )
             if done.outcome not in REFUSED:
                 return done

@@ -49,6 +49,7 @@ _SUBMIT = frozenset(
     )
 )
 _INFER = _SUBMIT | {"wait"}
+_LANES = {lane.value: lane for lane in Lane}  # a lookup, not two Python calls (`Lane(...)`)
 
 
 @dataclass(slots=True)
@@ -103,7 +104,7 @@ def job_body(raw: bytes, *, infer: bool) -> JobBody:
     priority = body.get("priority", Lane.NORMAL)
     if priority not in LANES or not isinstance(priority, str):
         raise InvalidBody("priority", "Input should be 'high', 'normal' or 'low'")
-    out.priority = Lane(priority)
+    out.priority = _LANES[priority]
     if (timeout := body.get("timeout_s")) is not None:
         out.timeout_s = number(timeout, "timeout_s", gt=0)
         if not out.timeout_s <= MAX_TIMEOUT_S:  # NaN too

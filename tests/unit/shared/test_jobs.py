@@ -10,6 +10,7 @@ from inferq.shared import keys
 from inferq.shared.errors import CodecError
 from inferq.shared.jobs import (
     SCHEMA_VERSION,
+    ErrorCode,
     Job,
     JobError,
     Status,
@@ -78,6 +79,7 @@ def test_error_roundtrip_and_timings_while_queued() -> None:
         lambda f: f.update(v=msgpack.packb(99)),
         lambda f: f.pop("id"),
         lambda f: f.update(status=msgpack.packb("exploded")),
+        lambda f: f.update(status=msgpack.packb(["queued"])),  # not even a string
         lambda f: f.update(inputs=b"\xc1"),
         lambda f: f.update(
             outputs=msgpack.packb({"dtype": "float32", "shape": [3], "data": b"12"})
@@ -89,6 +91,16 @@ def test_corrupt_records_raise_codec_error(mutate) -> None:  # type: ignore[no-u
     mutate(fields)
     with pytest.raises(CodecError):
         _roundtrip(fields)
+
+
+def test_an_error_code_is_a_member_when_known_and_kept_as_written_when_not() -> None:
+    job = Job(id="e", model="m", inputs=["a"])
+    for code, member in (("model_error", True), ("from_a_newer_writer", False)):
+        final = encode_final(Status.FAILED, finished_ms=1, error=JobError(code, "x"))
+        back = _roundtrip(encode_submit(job) | final)
+        assert back.error is not None and back.error.code == code
+        assert isinstance(back.error.code, ErrorCode) is member
+        assert back.status is Status.FAILED
 
 
 def test_final_statuses() -> None:
