@@ -263,9 +263,10 @@ class InferqAPI(FastAPI):
         await super().__call__(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        hot = self.hot
-        if hot is not None and scope["type"] == "http" and hot.table.handler(scope) is not None:
+        # `FastPath` looks the request up once and hands what it does not take to the stack
+        # (`stack`, its `app`): no second lookup here.
+        if self.hot is not None and scope["type"] == "http":
             scope["app"] = self  # what Starlette sets: the routes read `app.state`
-            await hot(scope, receive, send)
+            await self.hot(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
