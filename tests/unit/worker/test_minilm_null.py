@@ -52,3 +52,19 @@ def test_it_answers_minilms_shape_with_a_vector_that_names_the_input(model: Mini
 def test_the_registry_builds_it_by_name() -> None:
     settings = Settings(_env_file=None, model="minilm-null")  # type: ignore[call-arg]
     assert isinstance(build_model(settings.default_model, settings), MiniLMNull)
+
+
+def test_the_ids_are_what_the_full_encoding_gives(model: MiniLMNull) -> None:
+    """`encode` skips the offsets (`encode_batch_fast`); the ids must be the full encoding's,
+    truncation and accents included."""
+    from inferq.bench import corpus
+
+    long = " ".join(["tokenization"] * 2 * model.max_cost)
+    texts = [*TEXTS, "Crème brûlée, 東京, emoji 🙂", long, *corpus.load("short")[:200]]
+    tokenizer = model._tokenizer
+    assert tokenizer is not None
+    want = [e.ids for e in tokenizer.encode_batch(texts)]
+    got = model.encode_texts(texts)
+    assert [list(p.payload) for p in got] == want
+    assert [p.cost for p in got] == [len(w) for w in want]
+    assert max(p.cost for p in got) == model.max_cost  # the long text was truncated
