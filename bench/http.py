@@ -23,10 +23,12 @@ JSON = "application/json"
 
 @dataclass(frozen=True, slots=True)
 class Body:
-    """One request's body, built before the clock starts, and the `Content-Type` it goes with."""
+    """One request's body, built before the clock starts, the `Content-Type` it goes with, and
+    the answer it asks for (`accept`: None sends no `Accept` header)."""
 
     data: bytes
     content_type: str = JSON
+    accept: str | None = None
 
 
 class HTTPError(Exception):
@@ -45,26 +47,32 @@ class Connection:
         self._writer: asyncio.StreamWriter | None = None
 
     async def request(
-        self, method: str, path: str, body: bytes = b"", content_type: str = JSON
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        content_type: str = JSON,
+        accept: str | None = None,
     ) -> tuple[int, bytes]:
         """(status, body). Raises OSError, HTTPError or TimeoutError; the connection is then
         dropped, so the next request starts on a fresh one."""
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await self._request(method, path, body, content_type)
+                return await self._request(method, path, body, content_type, accept)
         except BaseException:
             self.close()
             raise
 
     async def _request(
-        self, method: str, path: str, body: bytes, content_type: str
+        self, method: str, path: str, body: bytes, content_type: str, accept: str | None
     ) -> tuple[int, bytes]:
         if self._writer is None:
             self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
         assert self._reader is not None
         head = (
             f"{method} {path} HTTP/1.1\r\nhost: {self.host}:{self.port}\r\n"
-            f"content-type: {content_type}\r\ncontent-length: {len(body)}\r\n\r\n"
+            f"content-type: {content_type}\r\ncontent-length: {len(body)}\r\n"
+            + (f"accept: {accept}\r\n\r\n" if accept else "\r\n")
         )
         self._writer.write(head.encode() + body)
         try:

@@ -17,10 +17,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import msgpack
 import orjson
 
 from inferq.bench.http import Body, Connection, HTTPError
 
+MSGPACK = "application/msgpack"  # a job record's packed answer (POST /v1/infer only, here)
 _BATCH_SIZE = re.compile(rb'"batch_size":(\d+)')
 _ID = re.compile(rb'"id":"([^"]+)"')
 MAX_REQUESTS = 200_000
@@ -71,7 +73,14 @@ async def _one(conn: Connection, kind: str, body: Body) -> int | None:
         status, content = await conn.request("GET", f"/v1/jobs/{m.group(1).decode()}?wait=30")
     else:
         path = PATHS.get(kind, "/v1/infer")
-        status, content = await conn.request("POST", path, body.data, body.content_type)
+        status, content = await conn.request(
+            "POST", path, body.data, body.content_type, body.accept
+        )
+    if body.accept == MSGPACK and status == 200 and kind == "infer":
+        record = msgpack.unpackb(content)
+        if record.get("status") != "succeeded":
+            raise RuntimeError(f"answered {status}, {record.get('status')}")
+        return (record.get("timings") or {}).get("batch_size")  # type: ignore[no-any-return]
     if status != 200 or (kind in ("jobs", "infer") and b'"succeeded"' not in content):
         raise RuntimeError(f"answered {status}")
     m = _BATCH_SIZE.search(content)

@@ -9,11 +9,13 @@ to drive down (docs/benchmarks.md, "The CPU budget per request").
 
 Run: .venv/bin/python scripts/stack_cpu.py [--systems inferq,floor-redis,floor-fastapi]
      [--corpus echo,short,null,null32] [--clients 1,32] [--seconds 8] [--repeat 3]
-     [--env KEY=VALUE ...] [--tree DIR]
+     [--env KEY=VALUE ...] [--tree DIR] [--answer json|msgpack]
 The floors serve the echo corpus only. `null` and `null32` run `minilm-null` (minilm's
 tokenizer and output, no compute) with one and 32 inputs a request: the whole path's CPU per
 item on any machine. Prints one Markdown table (medians of --repeat), with µs per item
 beside µs per request.
+`--answer msgpack` asks inferq for its packed answer (`Accept: application/msgpack`, what the
+Python client asks for: outputs as float32 bytes, not JSON numbers); the floors are skipped.
 `--tree` runs the servers from another checkout (`git worktree add /tmp/before <commit>`)
 with this venv, so that before and after differ in inferq's own code only.
 """
@@ -27,7 +29,7 @@ import resource
 import statistics
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from inferq.bench import inputs, load, systems
@@ -141,6 +143,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for the servers")
     p.add_argument("--tree", type=Path, help="run the servers from this checkout of inferq")
+    p.add_argument("--answer", choices=("json", "msgpack"), default="json")
     args = p.parse_args()
     site_dir = tempfile.TemporaryDirectory()
     env = server_env(args.env, args.tree, Path(site_dir.name))
@@ -153,8 +156,12 @@ def main() -> None:
     print("|---" * (8 + len(PROCESSES)) + "|")
     for corpus_name in args.corpus.split(","):
         ready = inputs.load(corpus_name)
+        if args.answer == "msgpack":
+            bodies = [replace(b, accept=load.MSGPACK) for b in ready.bodies]
+            ready = replace(ready, bodies=bodies)
+            corpus_name += " (msgpack)"
         for system in args.systems.split(","):
-            if system != "inferq" and corpus_name != "echo":
+            if system != "inferq" and (corpus_name != "echo" or args.answer != "json"):
                 continue  # the floors are the echo path's bottom, not embedders
             runs: dict[int, list[Point]] = {c: [] for c in clients}
             for _ in range(args.repeat):

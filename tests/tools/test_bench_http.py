@@ -146,3 +146,32 @@ def test_closed_loop_counts_work_finishing_in_the_window_whenever_it_started() -
         return len(res.latencies_ms) / res.duration_s
 
     assert 8 <= asyncio.run(run()) <= 12
+
+
+def test_a_body_that_asks_for_msgpack_gets_its_record_read_as_msgpack() -> None:
+    """`Body.accept` goes out as the Accept header; a msgpack record counts when it succeeded
+    (its batch size read from its timings) and is an error otherwise."""
+    import msgpack
+
+    from inferq.bench.http import Body
+    from inferq.bench.load import MSGPACK
+
+    async def run(body: Body, status: str = "succeeded") -> tuple[int, list[int]]:
+        def reply(head: bytes, n: int) -> bytes:
+            if b"\r\naccept: application/msgpack\r\n" not in head:
+                return b"HTTP/1.1 406 Not Acceptable\r\nContent-Length: 0\r\n\r\n"
+            return ok(msgpack.packb({"status": status, "timings": {"batch_size": 7}}))
+
+        async with serve(reply) as (base, _):
+            res = await closed_loop(
+                Target((base,), "infer"), [body], [1], concurrency=2, duration_s=0.3
+            )
+        return res.errors, res.batch_sizes
+
+    packed = Body(b'{"input": "x"}', accept=MSGPACK)
+    errors, sizes = asyncio.run(run(packed))
+    assert errors == 0 and sizes and set(sizes) == {7}
+    errors, sizes = asyncio.run(run(packed, "failed"))
+    assert errors > 0 and not sizes
+    errors, sizes = asyncio.run(run(Body(b'{"input": "x"}')))  # no Accept: answered 406
+    assert errors > 0 and not sizes
