@@ -141,7 +141,12 @@ class _Recorder:
         self.paths: list[str] = []
 
     async def request(
-        self, method: str, path: str, body: bytes = b"", content_type: str = ""
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        content_type: str = "",
+        accept: str | None = None,
     ) -> tuple[int, bytes]:
         self.paths.append(path)
         return 200, b'{"status":"succeeded"}'
