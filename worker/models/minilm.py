@@ -74,7 +74,7 @@ def encode(tokenizer: Tokenizer, inputs: list[str]) -> list[Prepared]:
     """One item per input: its token ids (int64), costing its token count."""
     try:
         # `_fast` skips the character offsets, which nothing here reads: the same ids for
-        # 15-25 % less tokenizer CPU (docs/benchmarks.md, "The tokenizer without offsets").
+        # 13-33 % less tokenizer CPU here (docs/benchmarks.md, "The tokenizer without offsets").
         encodings = tokenizer.encode_batch_fast(inputs)
     except (TypeError, ValueError) as e:
         raise ModelError(f"cannot tokenize input: {e}") from e
