@@ -58,11 +58,6 @@ from inferq.shared.supervise import SURVIVE, Supervisor
 _NO_KEY = Idempotency("")  # a submit without an Idempotency-Key: built once, not per call
 
 
-def _entry_ms(entry_id: bytes | str) -> int:
-    """Milliseconds part of a stream entry id `<ms>-<seq>`."""
-    return int(as_str(entry_id).split("-", 1)[0])
-
-
 # WAIT's answers on a node that is, or just became, a replica.
 _DEMOTED = ("WAIT cannot be used with replica", "UNBLOCKED")
 
@@ -223,6 +218,7 @@ class JobProducer(QueueClient):
         self._submit = ScriptBatch(redis, redis.register_script(lua.source(scripts.SUBMIT)))
         self._request_cancel = redis.register_script(lua.source(scripts.REQUEST_CANCEL))
         self._cached = redis.register_script(lua.source(scripts.CACHED))
+        self._keep = redis.register_script(lua.source(scripts.KEEP))
 
     @unavailable
     async def submit(
@@ -321,6 +317,11 @@ class JobProducer(QueueClient):
         this call found it ('' if gone): only a `running` job is marked."""
         return as_str(await self._request_cancel(keys=[keys.job(job_id)]))
 
+    @unavailable
+    async def keep(self, job_id: str) -> None:
+        """The default TTL for a record made to live briefly (scripts.KEEP)."""
+        await self._keep(keys=[keys.job(job_id)], args=[self.result_ttl_s])
+
     # --- what the queue looks like from outside (reads only; a model's shards add up) ---
     @unavailable
     async def queue_depth(self, model: str) -> int:
@@ -393,7 +394,8 @@ class JobProducer(QueueClient):
         out: dict[str, tuple[int, int | None]] = {}
         for i, m in enumerate(models):
             mine = replies[2 * n * i : 2 * n * (i + 1)]
-            firsts = [_entry_ms(first[0][0]) for first in mine[1::2] if first]
+            # An entry id is `<ms>-<seq>`: the oldest entry's milliseconds.
+            firsts = [int(as_str(f[0][0]).split("-", 1)[0]) for f in mine[1::2] if f]
             out[m] = (sum(int(d) for d in mine[::2]), min(firsts) if firsts else None)
         return out
 

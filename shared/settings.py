@@ -71,6 +71,15 @@ class Settings(BaseSettings):
         description="How long a finished job's record is kept, unless its request set "
         "`result_ttl_s`.",
     )
+    sync_result_ttl_s: int = Field(
+        60,
+        gt=0,
+        description="How long the record of a job answered in its request's own response "
+        "(/v1/infer, /v1/embeddings, OIP infer) is kept, unless the request set `result_ttl_s`, "
+        "an Idempotency-Key or a webhook: the answer was delivered, and an hour of kept outputs "
+        "at a GPU's rate fills Redis. A wait that ends in 202 keeps it INFERQ_RESULT_TTL_S. "
+        "Capped at INFERQ_RESULT_TTL_S.",
+    )
     result_ttl_max_s: int = Field(
         7 * 86_400,
         gt=0,

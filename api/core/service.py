@@ -17,7 +17,7 @@ import hashlib
 import itertools
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgpack
@@ -25,13 +25,7 @@ from prometheus_client import Counter
 
 from inferq.api.core.admission import Admission, ModelCatalog, RedisMemory
 from inferq.api.core.cache import ResultCache
-from inferq.api.core.decode import (
-    InputItem,
-    image_kinds,
-    item_kinds,
-    wire_images,
-    wire_inputs,
-)
+from inferq.api.core.decode import InputItem, image_kinds, item_kinds, wire_images, wire_inputs
 from inferq.api.core.errors import refusal_reason
 from inferq.api.core.idempotency import key_reused, request_fingerprint
 from inferq.shared import keys
@@ -67,6 +61,8 @@ REFUSED = ("full", "full_bytes", "tenant_full", "tenant_bytes")
 UNKNOWN_MODEL = "unknown"
 #: A job's inputs up to this size are fingerprinted on the event loop (microseconds).
 FINGERPRINT_ON_LOOP_BYTES = 1 << 20
+#: What a waiting route is told to await so the wait ends when its client leaves.
+Gone = Callable[[], Awaitable[None]]
 
 
 @dataclass(slots=True)
@@ -85,6 +81,14 @@ class Submission:
     webhook_events: tuple[str, ...] | None = None  # the final statuses it fires on; None: all
     metadata: dict[str, str] = field(default_factory=dict)  # the caller's labels
     result_ttl_s: int | None = None  # how long the final record lives; None: the default
+
+    def answered_inline(self, settings: Settings) -> Submission:
+        """As a request answered in its own response: its record lives INFERQ_SYNC_RESULT_TTL_S
+        unless it set a TTL, a key (a retry reads the record) or a webhook."""
+        if self.result_ttl_s is not None or self.idempotency_key or self.webhook is not None:
+            return self
+        brief = min(settings.sync_result_ttl_s, settings.result_ttl_s)
+        return replace(self, result_ttl_s=brief)
 
 
 @dataclass(slots=True)
@@ -348,22 +352,19 @@ class JobService:
         return job, False
 
     # --- submit and wait ---
-    async def run(
-        self, sub: Submission, wait_s: float, gone: Callable[[], Awaitable[None]]
-    ) -> Job | None:
+    async def run(self, sub: Submission, wait_s: float, gone: Gone) -> Job | None:
         """Submit and wait up to `wait_s`; None if the client left first (`gone()` returned),
         in which case the job is cancelled unless a worker has started it. `gone` is called
         only once the job exists, so a refused submit leaves no un-awaited coroutine behind."""
-        job, created = await self.create(sub)
-        return await self.follow(job, created, sub.tenant, wait_s, gone)
+        inline = sub.answered_inline(self.settings)
+        job, created = await self.create(inline)
+        final = await self.follow(job, created, sub.tenant, wait_s, gone)
+        if final is not None and not final.status.is_final and inline is not sub:
+            await self.queue.keep(job.id)  # a 202: its Location must find the record
+        return final
 
     async def follow(
-        self,
-        job: Job,
-        created: bool,
-        tenant: str,
-        wait_s: float,
-        gone: Callable[[], Awaitable[None]],
+        self, job: Job, created: bool, tenant: str, wait_s: float, gone: Gone
     ) -> Job | None:
         """`run`'s wait for a job `create` answered: the job as soon as it is final or after
         `wait_s`; None if the client left first, and then the job is cancelled if `created`

@@ -13,6 +13,7 @@ They use the prelude tables of `inferq.shared.lua`: `F` (job fields), `S` (statu
   that never returns still counts, and write each job's progress (`items_done`); returns the
   live statuses and whether a cancel was asked.
 - `REQUEST_CANCEL`: mark a running job for its worker to end `cancelled` at its next batch.
+- `KEEP`: give a job's record the default TTL instead of the brief one it was made with.
 - `FINISH`: write the final fields, set the TTL, release the admission counts, publish (and
   dead-letter a poisoned job, queue its webhook delivery, fill the result cache), unless the
   job is already final: a duplicate delivery after a crash can never clobber a result, and a
@@ -178,6 +179,18 @@ if not raw then return '' end
 local status = cmsgpack.unpack(raw)
 if status == S.running then redis.call('HSET', KEYS[1], F.cancel, cmsgpack.pack(true)) end
 return status
+"""
+
+# A job whose record was to live briefly (answered in its response) is kept the default TTL
+# after all: its wait ran out, and the 202's Location must still find it. Final already (it
+# ended after the wait): the TTL changes now; not yet: FINISH sets the default, finding no
+# `result_ttl`. One script, so a FINISH in between cannot slip through.
+KEEP = """
+local raw = redis.call('HGET', KEYS[1], F.status)
+if not raw then return 0 end
+redis.call('HDEL', KEYS[1], F.result_ttl)
+if FINAL[cmsgpack.unpack(raw)] then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
+return 1
 """
 
 # A webhook fires on the final statuses its job asked for (`events`; all of them without).

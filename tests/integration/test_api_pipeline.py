@@ -77,3 +77,45 @@ def test_retry_after_is_the_time_for_the_backlog_to_drain(stack: Stack) -> None:
     r = httpx.post(f"{base}/v1/jobs", json={"inputs": ["a", "b", "c", "d", "e"]}, timeout=5)
     # 10 queued + 5 = 15 items; the cap is 10: 5 too many at 2 items/s → 3 s (not the floor 1).
     assert r.status_code == 429 and r.headers["retry-after"] == "3", (r.headers, r.text)
+
+
+def _ttl(stack: Stack, record: str) -> int:
+    return int(stack.r.ttl(record))
+
+
+@pytest.mark.parametrize("path", ["/v1/infer", "/v1/embeddings"])
+def test_a_job_answered_in_its_response_is_kept_briefly(stack: Stack, path: str) -> None:
+    """Its answer was delivered: the record lives INFERQ_SYNC_RESULT_TTL_S, not the hour a
+    polled job needs, unless the request asked for a TTL or sent a key."""
+    stack.worker()
+    base = stack.api(sync_result_ttl_s=20)
+    index = keys.tenant_jobs("echo", 0, 1, "")
+
+    def answered(body: dict[str, object], headers: dict[str, str] | None = None) -> str:
+        r = httpx.post(f"{base}{path}", json=body, headers=headers, timeout=20)
+        assert r.status_code != 202, r.text  # answered (echo is no embedder: maybe a 4xx)
+        return stack.r.zrange(index, -1, -1)[0].decode()  # its record, the newest
+
+    brief = answered({"input": "answered"})
+    assert 0 < _ttl(stack, brief) <= 20
+    assert stack.r.exists(brief)  # GET /v1/jobs/{id} finds it meanwhile
+    keyed = answered({"input": "keyed"}, {"Idempotency-Key": f"k-{path}"})
+    assert _ttl(stack, keyed) > 3000  # a retry with the key reads the record
+    if path == "/v1/infer":  # OpenAI's body has no `result_ttl_s`
+        asked = answered({"input": "asked", "result_ttl_s": 600})
+        assert 20 < _ttl(stack, asked) <= 600
+    polled = httpx.post(f"{base}/v1/jobs", json={"input": "polled"}, timeout=10).json()["id"]
+    wait_for(lambda: _ttl(stack, keys.job(polled)) > 0, 20, "the polled job to finish")
+    assert _ttl(stack, keys.job(polled)) > 3000
+
+
+@pytest.mark.parametrize("path", ["/v1/infer", "/v1/embeddings"])
+def test_a_wait_that_ends_in_202_keeps_the_record_the_default_ttl(stack: Stack, path: str) -> None:
+    base = stack.api(sync_result_ttl_s=20)  # no worker yet: the wait runs out
+    r = httpx.post(f"{base}{path}", json={"input": "late", "wait": 0}, timeout=10)
+    assert r.status_code == 202, r.text
+    job_id = r.headers["location"].rsplit("/", 1)[1]
+    stack.worker()
+    done = httpx.get(f"{base}{r.headers['location']}", params={"wait": 20}, timeout=30).json()
+    assert done["status"] in ("succeeded", "failed")  # final: FINISH has set the TTL
+    assert _ttl(stack, keys.job(job_id)) > 3000  # the Location is good for the default hour

@@ -109,6 +109,27 @@ async def test_final_write_is_never_overwritten_and_acks(queue: JobQueue) -> Non
     assert await queue.finish([Final("echo", entry.stream, "0-1", "gone", ok)]) == [-1]
 
 
+async def test_keep_gives_a_brief_record_the_default_ttl_before_or_after_it_ends(
+    queue: JobQueue,
+) -> None:
+    await queue.ensure_group("echo")
+    for job_id in ("ended", "running"):
+        job = Job(id=job_id, model="echo", inputs=["a"])
+        job.result_ttl_s = 5
+        await queue.submit(job)
+    ok = encode_final(Status.SUCCEEDED, finished_ms=1, outputs=[1])
+    assert await queue.finish([Final("echo", "", "", "ended", ok)]) == [1]
+    assert 0 < await queue.redis.ttl(keys.job("ended")) <= 5
+    await queue.keep("ended")  # final: its TTL changes now
+    assert 5 < await queue.redis.ttl(keys.job("ended")) <= 60
+    await queue.keep("running")  # not yet: FINISH finds no TTL of its own and sets the default
+    assert await queue.redis.ttl(keys.job("running")) == -1  # a live record never expires
+    assert await queue.finish([Final("echo", "", "", "running", ok)]) == [1]
+    assert 5 < await queue.redis.ttl(keys.job("running")) <= 60
+    await queue.keep("gone")  # a record that expired meanwhile: nothing to keep, no error
+    assert not await queue.redis.exists(keys.job("gone"))
+
+
 @pytest.mark.parametrize("width", [4, 24 * 384])  # 32 B of outputs (read back), 72 KiB (not)
 async def test_the_completion_message_is_the_final_record_without_inputs(
     queue: JobQueue, width: int
