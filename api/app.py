@@ -170,6 +170,7 @@ def _build(
     queue = JobProducer(
         redis,
         result_ttl_s=settings.result_ttl_s,
+        brief_ttl_s=settings.sync_result_ttl_s,
         shards=settings.stream_shards,
         keep_inputs=settings.keep_inputs,
     )

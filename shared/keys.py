@@ -17,7 +17,7 @@ read and written outside scripts and need no tag. On one Redis the tags change n
 | `tenant_items(model, shard, t)`  | string  | counter: the tenant's items accepted and not yet final (when capped) |
 | `tenant_bytes(model, shard, t)`  | string  | counter: the tenant's input bytes accepted and not yet final |
 | `tenant_webhooks(model, shard, t)` | string | counter: the tenant's webhook deliveries queued and not settled |
-| `tenant_jobs(model, shard, t)`   | zset    | the tenant's jobs on one shard: member = the record's key (`job`), score = created ms: `GET /v1/jobs`'s index. SUBMIT and CACHED add; they and the listing drop members whose record is gone |
+| `tenant_jobs(model, shard, t[, brief])` | zset | the tenant's jobs on one shard: member = the record's key (`job`), score = created ms: `GET /v1/jobs`'s index; `brief`: those kept INFERQ_SYNC_RESULT_TTL_S. SUBMIT and CACHED add (KEEP moves one to the other); they and the listing drop members whose record is gone |
 | `idempotency(t, h, model, shard)`| string  | job id for (tenant, key hash), `idempotency_ttl_s` |
 | `GROUP`                          | group   | consumer group on each stream               |
 | `job(job_id)`                    | hash    | `result_ttl_s` once final, else until final |
@@ -151,11 +151,13 @@ def tenant_webhooks(model: str, shard: int, shards: int, tenant: str) -> str:
     return f"{_q(model, shard, shards)}:tenant:{tenant or '-'}:webhooks"
 
 
-def tenant_jobs(model: str, shard: int, shards: int, tenant: str) -> str:
+def tenant_jobs(model: str, shard: int, shards: int, tenant: str, brief: bool = False) -> str:
     """`tenant`'s jobs on one shard of `model` (zset: member = the record's key, `job(id)`;
     score = created ms). In the shard's slot, so the scripts that make a job add it in the
-    same step; members are keys so a script checks one with EXISTS, building nothing."""
-    return f"{_q(model, shard, shards)}:tenant:{tenant or '-'}:jobs"
+    same step; members are keys so a script checks one with EXISTS, building nothing.
+    `brief`: the jobs kept INFERQ_SYNC_RESULT_TTL_S, apart, so that each index holds records
+    that expire in the order they were made and its oldest members can be trimmed."""
+    return f"{_q(model, shard, shards)}:tenant:{tenant or '-'}:{'brief' if brief else 'jobs'}"
 
 
 def model_info(model: str) -> str:

@@ -3,9 +3,8 @@ end one that never ran, ask a worker to stop one, the reads that describe a mode
 (depth, position, lanes, a tenant's holdings) for admission, health and ETAs; and hear each
 job's completion (`Notifier`, below).
 
-How a submit's script call goes out: coalesced with the calls made beside it, or
-acknowledged only once the replicas hold it (a write and its WAIT, INFERQ_REDIS_WAIT_REPLICAS).
-
+A submit's script call goes out coalesced with the calls made beside it, or acknowledged
+only once the replicas hold it (a write and its WAIT, INFERQ_REDIS_WAIT_REPLICAS).
 `ScriptBatch`: under load the API's request tasks reach their submit in the same turn of the
 event loop (uvicorn starts one task per request that a socket read completed). Sent one by
 one, each call pays redis-py's connection checkout, a write and a read, and Redis a read and
@@ -23,12 +22,11 @@ owns the key's slot.
 waiters. Pub/sub is at-most-once (a message published while it reconnects is gone), so a
 waiter registers first, then reads the job record, re-reads on a timer, and every waiter is
 woken to re-read after each (re)subscribe: a missed message can delay, never lose, a result.
-A completion message usually carries the final record (the FINISH script's): the waiter's
-future resolves with it, with no read back. The last `RECENT` completions are remembered, so
-a watch registered just after its job's message resolves at once: a caller that has just
-submitted a job can skip the first read (the job is queued, or done and remembered). The
-subscription is a supervised loop (`inferq.shared.supervise`, SURVIVE, loop `notifier`): a
-drop is counted, logged once per outage, and resubscribed with backoff.
+A completion message usually carries the final record (FINISH's): the waiter's future
+resolves with it, no read back. The last `RECENT` completions are remembered, so a caller
+that has just submitted can skip the first read (the job is queued, or done and
+remembered). The subscription is a supervised loop (`inferq.shared.supervise`, SURVIVE,
+loop `notifier`): a drop is counted, logged once per outage, resubscribed with backoff.
 """
 
 from __future__ import annotations
@@ -56,8 +54,6 @@ from inferq.shared.schema import JobField
 from inferq.shared.supervise import SURVIVE, Supervisor
 
 _NO_KEY = Idempotency("")  # a submit without an Idempotency-Key: built once, not per call
-
-
 # WAIT's answers on a node that is, or just became, a replica.
 _DEMOTED = ("WAIT cannot be used with replica", "UNBLOCKED")
 
@@ -139,10 +135,9 @@ async def call_and_wait(
     """(the script's reply, how many replicas hold its writes): `wait` = (replicas to wait
     for, timeout ms), as WAIT takes them; no replicas to wait for: just the call, and None.
 
-    `renew` = (key, ttl_s): set that key's TTL before the WAIT. A script that found its work
-    already done (a repeat) wrote nothing, so the WAIT would not cover what it found (whose
-    first write may have been refused for want of replicas); renewing a key that belongs to
-    it is a write that does, on whichever node answered. A missing key: a no-op.
+    `renew` = (key, ttl_s): set that key's TTL before the WAIT. A repeat's script wrote nothing,
+    so the WAIT would not cover what it found (whose first write may have been refused for want
+    of replicas); renewing its key is a write that does, on any node (missing key: a no-op).
     """
     if wait[0] <= 0:
         return await batch(keys, args), None
@@ -174,8 +169,7 @@ async def _on_node(
     renew: tuple[str, int] | None,
 ) -> tuple[Any, int | None]:
     """`call_and_wait` on a cluster: EVALSHA, EXPIRE, WAIT as one pipeline to the slot's
-    master. Any failure is the failover's: 503, and the client's retry (same Idempotency-Key)
-    lands wherever the slot is then."""
+    master. Any failure is the failover's: 503; a retry (same key) lands where the slot is."""
     node = redis.get_node_from_key(keys[0])
     if node is None:
         raise QueueUnavailable(f"no cluster node serves {keys[0]!r}")
@@ -212,9 +206,16 @@ class JobProducer(QueueClient):
     """What the API process does with the queue."""
 
     def __init__(
-        self, redis: Redis, *, result_ttl_s: int, shards: int = 1, keep_inputs: bool = False
+        self,
+        redis: Redis,
+        *,
+        result_ttl_s: int,
+        shards: int = 1,
+        keep_inputs: bool = False,
+        brief_ttl_s: int = 0,  # INFERQ_SYNC_RESULT_TTL_S: such jobs get an index of their own
     ) -> None:
         super().__init__(redis, result_ttl_s=result_ttl_s, shards=shards, keep_inputs=keep_inputs)
+        self.brief_ttl_s = brief_ttl_s if brief_ttl_s < result_ttl_s else 0
         self._submit = ScriptBatch(redis, redis.register_script(lua.source(scripts.SUBMIT)))
         self._request_cancel = redis.register_script(lua.source(scripts.REQUEST_CANCEL))
         self._cached = redis.register_script(lua.source(scripts.CACHED))
@@ -247,7 +248,7 @@ class JobProducer(QueueClient):
             keys.queued_bytes(job.model, shard, self.shards),
             keys.tenant_items(job.model, shard, self.shards, job.tenant),
             keys.tenant_bytes(job.model, shard, self.shards, job.tenant),
-            keys.tenant_jobs(job.model, shard, self.shards, job.tenant),
+            self._index(job, shard),
         ]
         if idempotency is not None:
             script_keys.append(
@@ -288,7 +289,7 @@ class JobProducer(QueueClient):
             keys.job(job.id),
             keys.webhooks(job.model, shard, self.shards),
             keys.tenant_webhooks(job.model, shard, self.shards, job.tenant),
-            keys.tenant_jobs(job.model, shard, self.shards, job.tenant),
+            self._index(job, shard),
         ]
         if idempotency is not None:
             script_keys.append(
@@ -317,10 +318,17 @@ class JobProducer(QueueClient):
         this call found it ('' if gone): only a `running` job is marked."""
         return as_str(await self._request_cancel(keys=[keys.job(job_id)]))
 
+    def _index(self, job: Job, shard: int) -> str:
+        """The tenant index `job` goes in: each holds records kept alike (keys.tenant_jobs)."""
+        brief = self.brief_ttl_s > 0 and job.result_ttl_s == self.brief_ttl_s
+        return keys.tenant_jobs(job.model, shard, self.shards, job.tenant, brief)
+
     @unavailable
-    async def keep(self, job_id: str) -> None:
-        """The default TTL for a record made to live briefly (scripts.KEEP)."""
-        await self._keep(keys=[keys.job(job_id)], args=[self.result_ttl_s])
+    async def keep(self, job: Job) -> None:
+        """The default TTL and index for a record made to live briefly (scripts.KEEP)."""
+        at = (job.model, shard_of(job.id), self.shards, job.tenant)
+        index = [keys.tenant_jobs(*at, brief=b) for b in (True, False)]
+        await self._keep(keys=[keys.job(job.id), *index], args=[self.result_ttl_s])
 
     # --- what the queue looks like from outside (reads only; a model's shards add up) ---
     @unavailable
@@ -361,7 +369,6 @@ class JobProducer(QueueClient):
     async def position(self, job: Job, limit: int = 1000) -> int:
         """Entries ahead of `job`: all of higher lanes plus the older ones of its own (capped),
         over every shard (entry ids of other shards compare by their time part)."""
-        ahead = 0
         async with self.redis.pipeline(transaction=False) as p:
             for shard in range(self.shards):
                 for lane in keys.LANES[: keys.LANES.index(job.priority)]:
@@ -370,9 +377,7 @@ class JobProducer(QueueClient):
                     own = keys.stream(job.model, job.priority, shard, self.shards)
                     p.xrange(own, "-", f"({job.entry}", count=limit)
             replies = await p.execute()
-        for r in replies:
-            ahead += len(r) if isinstance(r, list) else int(r)
-        return ahead
+        return sum(len(r) if isinstance(r, list) else int(r) for r in replies)
 
     @unavailable
     async def ping(self) -> float:
@@ -474,12 +479,9 @@ class Notifier:
             self._supervisor.succeeded()  # subscribed: an outage ends here, not at a drop
             async for msg in pubsub.listen():
                 if msg and msg.get("type") == "pmessage":
-                    channel = msg["channel"]
-                    if isinstance(channel, bytes):
-                        channel = channel.decode()
                     data = msg.get("data")
                     payload = data if isinstance(data, bytes) and data != b"final" else None
-                    self._done(keys.job_id_from_channel(channel), payload)
+                    self._done(keys.job_id_from_channel(as_str(msg["channel"])), payload)
         except Exception:  # any drop: waiters re-read now rather than at their next timer
             self.connected.clear()
             self.wake_all()

@@ -1,12 +1,13 @@
 """`GET /v1/jobs` without HTTP: a tenant's jobs, newest first, filtered, one page at a time.
 
-The index is `keys.tenant_jobs`: one sorted set per (model shard, tenant), scored by creation
-ms, added to by the SUBMIT and CACHED scripts in the step that makes the job (a listed job
-always exists; a refused one is never listed) and trimmed with the records' lifetime (those
-scripts, and this reader, drop the members whose record has expired). A page reads, from
-each index the caller may see, the members below its cursor (`ZRANGE ... BYSCORE REV LIMIT`:
-O(log n + page)), merges them newest first, and reads those records without inputs or
-outputs: two round trips, whatever the number of jobs; no SCAN.
+The index is `keys.tenant_jobs`: two sorted sets per (model shard, tenant), the jobs kept
+INFERQ_SYNC_RESULT_TTL_S and the rest, scored by creation ms, added to by the SUBMIT and
+CACHED scripts in the step that makes the job (a listed job always exists; a refused one is
+never listed) and trimmed with the records' lifetime (those scripts, and this reader, drop
+the members whose record has expired). A page reads, from each index the caller may see,
+the members below its cursor (`ZRANGE ... BYSCORE REV LIMIT`: O(log n + page)), merges them
+newest first, and reads those records without inputs or outputs: two round trips, whatever
+the number of jobs; no SCAN.
 
 Filters on the record itself (`status`, `metadata`) cost a record read per job examined, so a
 page examines at most `MAX_EXAMINED` jobs: one that stops there answers with what it found,
@@ -87,10 +88,11 @@ class JobListing:
     def indexes(self, tenants: list[str], model: str | None) -> list[str]:
         models = [model] if model is not None else self.models
         return [
-            keys.tenant_jobs(m, s, self.shards, t)
+            keys.tenant_jobs(m, s, self.shards, t, brief)
             for m in models
             for s in range(self.shards)
             for t in tenants
+            for brief in (False, True)
         ]
 
     @unavailable
@@ -136,7 +138,8 @@ class JobListing:
             key = keys.job(after)
             async with self.redis.pipeline(transaction=False) as p:
                 for t in tenants:
-                    p.zscore(keys.tenant_jobs(model, shard, self.shards, t), key)
+                    for brief in (False, True):
+                        p.zscore(keys.tenant_jobs(model, shard, self.shards, t, brief), key)
                 for score in await p.execute():
                     if score is not None:
                         return float(score), key

@@ -360,7 +360,7 @@ class JobService:
         job, created = await self.create(inline)
         final = await self.follow(job, created, sub.tenant, wait_s, gone)
         if final is not None and not final.status.is_final and inline is not sub:
-            await self.queue.keep(job.id)  # a 202: its Location must find the record
+            await self.queue.keep(job)  # a 202: its Location must find the record
         return final
 
     async def follow(

@@ -13,7 +13,8 @@ They use the prelude tables of `inferq.shared.lua`: `F` (job fields), `S` (statu
   that never returns still counts, and write each job's progress (`items_done`); returns the
   live statuses and whether a cancel was asked.
 - `REQUEST_CANCEL`: mark a running job for its worker to end `cancelled` at its next batch.
-- `KEEP`: give a job's record the default TTL instead of the brief one it was made with.
+- `KEEP`: give a job's record the default TTL and index instead of the brief ones it was
+  made with.
 - `FINISH`: write the final fields, set the TTL, release the admission counts, publish (and
   dead-letter a poisoned job, queue its webhook delivery, fill the result cache), unless the
   job is already final: a duplicate delivery after a crash can never clobber a result, and a
@@ -47,8 +48,9 @@ end
 # The tenant's job index (`keys.tenant_jobs`, what GET /v1/jobs pages through): a new job's
 # record key is added by creation time, and the two oldest are checked and dropped if their
 # record has expired. Each call adds one and may drop two, so the index follows the records'
-# lifetime without a sweeper; the listing drops the ones it meets too. Members are record
-# keys, not ids, so the check is an EXISTS with nothing built in Lua.
+# lifetime without a sweeper, as long as its records expire in the order they were made
+# (brief ones have an index of their own); the listing drops the ones it meets too. Members
+# are record keys, not ids, so the check is an EXISTS with nothing built in Lua.
 _INDEX = """
 local function index_add(index, key, created)
   redis.call('ZADD', index, created, key)
@@ -181,17 +183,27 @@ if status == S.running then redis.call('HSET', KEYS[1], F.cancel, cmsgpack.pack(
 return status
 """
 
+# KEYS: job, its brief index, its tenant's default index. ARGV: the default TTL.
 # A job whose record was to live briefly (answered in its response) is kept the default TTL
 # after all: its wait ran out, and the 202's Location must still find it. Final already (it
 # ended after the wait): the TTL changes now; not yet: FINISH sets the default, finding no
-# `result_ttl`. One script, so a FINISH in between cannot slip through.
-KEEP = """
+# `result_ttl`. It moves to the default index, whose members expire in the order they were
+# made. One script, so a FINISH in between cannot slip through.
+KEEP = (
+    _INDEX
+    + """
 local raw = redis.call('HGET', KEYS[1], F.status)
 if not raw then return 0 end
 redis.call('HDEL', KEYS[1], F.result_ttl)
 if FINAL[cmsgpack.unpack(raw)] then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
+local created = redis.call('ZSCORE', KEYS[2], KEYS[1])
+if created then
+  redis.call('ZREM', KEYS[2], KEYS[1])
+  index_add(KEYS[3], KEYS[1], created)
+end
 return 1
 """
+)
 
 # A webhook fires on the final statuses its job asked for (`events`; all of them without).
 _WANTS = """

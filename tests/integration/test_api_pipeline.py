@@ -89,12 +89,18 @@ def test_a_job_answered_in_its_response_is_kept_briefly(stack: Stack, path: str)
     polled job needs, unless the request asked for a TTL or sent a key."""
     stack.worker()
     base = stack.api(sync_result_ttl_s=20)
-    index = keys.tenant_jobs("echo", 0, 1, "")
+    indexes = [keys.tenant_jobs("echo", 0, 1, "", brief) for brief in (False, True)]
 
     def answered(body: dict[str, object], headers: dict[str, str] | None = None) -> str:
+        """The record of the job the request made; it is in the index its TTL says."""
+        before = [stack.r.zcard(i) for i in indexes]
         r = httpx.post(f"{base}{path}", json=body, headers=headers, timeout=20)
         assert r.status_code != 202, r.text  # answered (echo is no embedder: maybe a 4xx)
-        return stack.r.zrange(index, -1, -1)[0].decode()  # its record, the newest
+        grew = [i for i, n in zip(indexes, before, strict=True) if stack.r.zcard(i) > n]
+        assert len(grew) == 1, grew
+        key = stack.r.zrange(grew[0], -1, -1)[0].decode()  # its record, the newest
+        assert (grew[0] == indexes[1]) == (_ttl(stack, key) <= 20), (grew, _ttl(stack, key))
+        return key
 
     brief = answered({"input": "answered"})
     assert 0 < _ttl(stack, brief) <= 20
@@ -107,6 +113,7 @@ def test_a_job_answered_in_its_response_is_kept_briefly(stack: Stack, path: str)
     polled = httpx.post(f"{base}/v1/jobs", json={"input": "polled"}, timeout=10).json()["id"]
     wait_for(lambda: _ttl(stack, keys.job(polled)) > 0, 20, "the polled job to finish")
     assert _ttl(stack, keys.job(polled)) > 3000
+    assert stack.r.zscore(indexes[0], keys.job(polled)) is not None
 
 
 @pytest.mark.parametrize("path", ["/v1/infer", "/v1/embeddings"])
@@ -119,3 +126,7 @@ def test_a_wait_that_ends_in_202_keeps_the_record_the_default_ttl(stack: Stack, 
     done = httpx.get(f"{base}{r.headers['location']}", params={"wait": 20}, timeout=30).json()
     assert done["status"] in ("succeeded", "failed")  # final: FINISH has set the TTL
     assert _ttl(stack, keys.job(job_id)) > 3000  # the Location is good for the default hour
+    # ... and it is indexed with the jobs kept that long, where its expiry is in order.
+    default, brief = (keys.tenant_jobs("echo", 0, 1, "", b) for b in (False, True))
+    assert stack.r.zscore(default, keys.job(job_id)) is not None
+    assert stack.r.zscore(brief, keys.job(job_id)) is None

@@ -161,6 +161,40 @@ async def test_the_index_follows_the_records_lifetime(queue: JobQueue, redis_url
     r.close()
 
 
+async def test_brief_records_are_indexed_apart_so_long_ones_cannot_hold_them(
+    redis_url: str,
+) -> None:
+    """Two jobs kept an hour are the oldest of their tenant's; jobs kept a second come after.
+    In one index the two live records at its head would stop the trimming (a new job checks
+    the two oldest); in an index of their own (INFERQ_SYNC_RESULT_TTL_S) the brief ones are
+    trimmed as they expire, and a page still lists both kinds in one order."""
+    from redis.asyncio import Redis
+
+    conn = Redis.from_url(redis_url)
+    queue, r = JobQueue(conn, result_ttl_s=3600, brief_ttl_s=1), redis.Redis.from_url(redis_url)
+    long_index, brief_index = (keys.tenant_jobs("echo", 0, 1, "t", b) for b in (False, True))
+    kept = [_job(), _job()]  # the default TTL: the hour
+    briefs = [_job(ttl=1) for _ in range(3)]
+    for i, job in enumerate([*kept, *briefs]):
+        job.created_ms += i  # one order, whatever the clock did
+        assert (await queue.submit(job)).outcome == "created"
+        await _finish(queue, job)
+    assert r.zcard(long_index) == 2 and r.zcard(brief_index) == 3
+    page = await JobListing(conn, ["echo"], 1).page(["t"], JobFilter(), limit=10)
+    assert [j.id for j in page.jobs] == [j.id for j in [*kept, *briefs][::-1]]
+    wait_for(lambda: not any(r.exists(keys.job(j.id)) for j in briefs), 10, "records to expire")
+    await queue.submit(_job(ttl=1))  # drops the two oldest gone
+    assert r.zcard(brief_index) == 2
+    await queue.submit(_job(ttl=1))  # and the last
+    members = {m.decode() for m in r.zrange(brief_index, 0, -1)}
+    assert len(members) == 2 and members.isdisjoint(keys.job(j.id) for j in briefs)
+    assert r.zcard(long_index) == 2  # the hour's jobs, untouched
+    await queue.submit(_job(ttl=600))  # a TTL of its own, not the brief one: with the rest
+    assert r.zcard(long_index) == 3
+    r.close()
+    await conn.aclose()
+
+
 async def test_a_page_reads_the_same_whatever_the_jobs_held(
     queue: JobQueue, redis_url: str
 ) -> None:

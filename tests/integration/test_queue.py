@@ -112,21 +112,30 @@ async def test_final_write_is_never_overwritten_and_acks(queue: JobQueue) -> Non
 async def test_keep_gives_a_brief_record_the_default_ttl_before_or_after_it_ends(
     queue: JobQueue,
 ) -> None:
+    queue = JobQueue(queue.redis, result_ttl_s=60, brief_ttl_s=5)
     await queue.ensure_group("echo")
-    for job_id in ("ended", "running"):
-        job = Job(id=job_id, model="echo", inputs=["a"])
+    jobs = {job_id: Job(id=job_id, model="echo", inputs=["a"]) for job_id in ("ended", "running")}
+    for job in jobs.values():
         job.result_ttl_s = 5
         await queue.submit(job)
+    default, brief = (keys.tenant_jobs("echo", 0, 1, "", b) for b in (False, True))
+    assert await queue.redis.zcard(brief) == 2 and await queue.redis.zcard(default) == 0
     ok = encode_final(Status.SUCCEEDED, finished_ms=1, outputs=[1])
     assert await queue.finish([Final("echo", "", "", "ended", ok)]) == [1]
     assert 0 < await queue.redis.ttl(keys.job("ended")) <= 5
-    await queue.keep("ended")  # final: its TTL changes now
+    await queue.keep(jobs["ended"])  # final: its TTL changes now
     assert 5 < await queue.redis.ttl(keys.job("ended")) <= 60
-    await queue.keep("running")  # not yet: FINISH finds no TTL of its own and sets the default
+    await queue.keep(jobs["running"])  # not yet: FINISH finds no TTL of its own: the default
     assert await queue.redis.ttl(keys.job("running")) == -1  # a live record never expires
     assert await queue.finish([Final("echo", "", "", "running", ok)]) == [1]
     assert 5 < await queue.redis.ttl(keys.job("running")) <= 60
-    await queue.keep("gone")  # a record that expired meanwhile: nothing to keep, no error
+    # Both moved to the default index, at the time they were made.
+    moved = await queue.redis.zrange(default, 0, -1, withscores=True)
+    assert {(k.decode(), s) for k, s in moved} == {
+        (keys.job(j.id), float(j.created_ms)) for j in jobs.values()
+    }
+    assert await queue.redis.zcard(brief) == 0
+    await queue.keep(Job(id="gone", model="echo", inputs=["a"]))  # expired meanwhile: no error
     assert not await queue.redis.exists(keys.job("gone"))
 
 
