@@ -72,13 +72,14 @@ class Settings(BaseSettings):
         "`result_ttl_s`.",
     )
     sync_result_ttl_s: int = Field(
-        60,
+        120,
         gt=0,
         description="How long the record of a job answered in its request's own response "
-        "(/v1/infer, /v1/embeddings, OIP infer) is kept, unless the request set `result_ttl_s`, "
-        "an Idempotency-Key or a webhook: the answer was delivered, and an hour of kept outputs "
-        "at a GPU's rate fills Redis. A wait that ends in 202 keeps it INFERQ_RESULT_TTL_S. "
-        "Capped at INFERQ_RESULT_TTL_S.",
+        "(/v1/infer, /v1/embeddings, OIP infer) is kept, unless the request set `result_ttl_s` "
+        "or a webhook: the answer was delivered, and an hour of kept outputs at a GPU's rate "
+        "fills Redis. Long enough for a retry with the same Idempotency-Key after a lost answer "
+        "(the Python client's retries span about a minute). A wait that ends in 202 keeps it "
+        "INFERQ_RESULT_TTL_S. Capped at INFERQ_RESULT_TTL_S.",
     )
     result_ttl_max_s: int = Field(
         7 * 86_400,

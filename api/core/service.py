@@ -84,8 +84,8 @@ class Submission:
 
     def answered_inline(self, settings: Settings) -> Submission:
         """As a request answered in its own response: its record lives INFERQ_SYNC_RESULT_TTL_S
-        unless it set a TTL, a key (a retry reads the record) or a webhook."""
-        if self.result_ttl_s is not None or self.idempotency_key or self.webhook is not None:
+        unless it set a TTL or a webhook (a key's retry comes within that time)."""
+        if self.result_ttl_s is not None or self.webhook is not None:
             return self
         brief = min(settings.sync_result_ttl_s, settings.result_ttl_s)
         return replace(self, result_ttl_s=brief)
