@@ -83,8 +83,7 @@ class Submission:
     result_ttl_s: int | None = None  # how long the final record lives; None: the default
 
     def answered_inline(self, settings: Settings) -> Submission:
-        """As a request answered in its own response: its record lives INFERQ_SYNC_RESULT_TTL_S
-        unless it set a TTL or a webhook (a key's retry comes within that time)."""
+        """Answered inline: kept INFERQ_SYNC_RESULT_TTL_S, unless it set a TTL or a webhook."""
         if self.result_ttl_s is not None or self.webhook is not None:
             return self
         brief = min(settings.sync_result_ttl_s, settings.result_ttl_s)
@@ -360,7 +359,9 @@ class JobService:
         job, created = await self.create(inline)
         final = await self.follow(job, created, sub.tenant, wait_s, gone)
         if final is not None and not final.status.is_final and inline is not sub:
-            await self.queue.keep(job)  # a 202: its Location must find the record
+            # A 202: its Location must find the record (a Redis blip must not cost the 202).
+            with contextlib.suppress(QueueUnavailable):
+                await self.queue.keep(job)
         return final
 
     async def follow(
