@@ -112,8 +112,9 @@ def test_idempotency_keys_meet_their_first_job_on_a_cluster(
 
 
 def test_high_priority_overtakes_low_across_shards(cstack: Stack) -> None:
-    # One job at a time, slowly: the queue builds up across all shards while it runs.
-    cstack.worker(stream_shards=SHARDS, echo_batch_delay_ms=60, max_batch_size=1, prefetch_items=1)
+    # Everything is queued, across all shards, before the worker starts: how fast the submits
+    # go cannot decide the order (a worker already running ran the low ones while the high
+    # ones were still being sent). Then one job at a time, slowly.
     base = cstack.api(stream_shards=SHARDS)
     blocker = asyncio.run(_submit(base, [{"input": "first"}]))[0].json()["id"]
     low = [
@@ -129,6 +130,7 @@ def test_high_priority_overtakes_low_across_shards(cstack: Stack) -> None:
         )
     ]
     assert {_shard_of(i) for i in low} == {_shard_of(i) for i in high} == set(range(SHARDS))
+    cstack.worker(stream_shards=SHARDS, echo_batch_delay_ms=60, max_batch_size=1, prefetch_items=1)
     with httpx.Client(base_url=base, timeout=30) as c:
         started = {
             i: c.get(f"/v1/jobs/{i}", params={"wait": 20}).json() for i in [blocker, *low, *high]
