@@ -17,7 +17,7 @@ import hashlib
 import itertools
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -82,12 +82,12 @@ class Submission:
     metadata: dict[str, str] = field(default_factory=dict)  # the caller's labels
     result_ttl_s: int | None = None  # how long the final record lives; None: the default
 
-    def answered_inline(self, settings: Settings) -> Submission:
-        """Answered inline: kept INFERQ_SYNC_RESULT_TTL_S, unless it set a TTL or a webhook."""
+    def answered_inline(self, settings: Settings) -> bool:
+        """Answered inline: True, kept INFERQ_SYNC_RESULT_TTL_S, unless it set a TTL or webhook."""
         if self.result_ttl_s is not None or self.webhook is not None:
-            return self
-        brief = min(settings.sync_result_ttl_s, settings.result_ttl_s)
-        return replace(self, result_ttl_s=brief)
+            return False
+        self.result_ttl_s = min(settings.sync_result_ttl_s, settings.result_ttl_s)
+        return True
 
 
 @dataclass(slots=True)
@@ -355,10 +355,10 @@ class JobService:
         """Submit and wait up to `wait_s`; None if the client left first (`gone()` returned),
         in which case the job is cancelled unless a worker has started it. `gone` is called
         only once the job exists, so a refused submit leaves no un-awaited coroutine behind."""
-        inline = sub.answered_inline(self.settings)
-        job, created = await self.create(inline)
+        brief = sub.answered_inline(self.settings)
+        job, created = await self.create(sub)
         final = await self.follow(job, created, sub.tenant, wait_s, gone)
-        if final is not None and not final.status.is_final and inline is not sub:
+        if final is not None and not final.status.is_final and brief:
             # A 202: its Location must find the record (a Redis blip must not cost the 202).
             with contextlib.suppress(QueueUnavailable):
                 await self.queue.keep(job)

@@ -223,8 +223,9 @@ async def _submit(
         raw = await _read_body(request, settings, hold)
         req = parse_infer(raw, request.headers.get(HEADER_LENGTH), settings)
         del raw
+        sub = submission(req, name, info, tenant, key)
         # Answered in this response, or dropped: nothing in this protocol reads it later.
-        sub = submission(req, name, info, tenant, key).answered_inline(settings)
+        sub.answered_inline(settings)
         req.inputs = []  # views of the body: only `sub` holds them now, until it is written
         job, created = await jobs.create(sub)
         sub.items, sub.files = [], []

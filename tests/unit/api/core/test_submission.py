@@ -25,15 +25,15 @@ from inferq.shared.settings import Settings
 def test_a_request_answered_in_its_response_is_kept_briefly_unless_it_asked(
     sub: Submission, ttl: int | None
 ) -> None:
-    got = sub.answered_inline(Settings(_env_file=None))
-    assert got.result_ttl_s == ttl
-    assert (got is sub) == (sub.result_ttl_s is not None or sub.webhook is not None)
-    assert sub.result_ttl_s != 120  # the request's own parse is left as it was
+    asked = sub.result_ttl_s is not None or sub.webhook is not None
+    assert sub.answered_inline(Settings(_env_file=None)) is not asked
+    assert sub.result_ttl_s == ttl
 
 
 def test_the_brief_time_is_capped_at_the_default() -> None:
-    settings = Settings(_env_file=None, result_ttl_s=30, sync_result_ttl_s=120)
-    assert Submission().answered_inline(settings).result_ttl_s == 30
+    sub = Submission()
+    assert sub.answered_inline(Settings(_env_file=None, result_ttl_s=30, sync_result_ttl_s=120))
+    assert sub.result_ttl_s == 30
 
 
 class _Run:
@@ -82,10 +82,11 @@ async def _gone() -> None:
 async def test_a_wait_that_ends_in_202_restores_the_default_lifetime(
     sub: Submission, outcome: Status | None, kept: list[str]
 ) -> None:
+    asked = sub.result_ttl_s
     run = _Run(outcome)
     await run.service.run(sub, 0.0, _gone)
     assert run.kept == kept
-    assert run.created[0].result_ttl_s == (sub.result_ttl_s or 120)
+    assert run.created[0].result_ttl_s == (asked or 120)
 
 
 async def test_a_redis_blip_while_restoring_does_not_cost_the_202() -> None:
