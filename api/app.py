@@ -173,6 +173,7 @@ def _build(
         brief_ttl_s=settings.sync_result_ttl_s,
         shards=settings.stream_shards,
         keep_inputs=settings.keep_inputs,
+        listener=notifier.listener,
     )
     registry = WorkerRegistry(redis)
     tenants = len(set(api_keys.values()))

@@ -7,7 +7,11 @@ start, finish, publish, answer), not a model. For each Redis mode (`single`: one
 port and a closed loop of `--clients` clients posts one-item `POST /v1/infer` requests for
 `--seconds`. Prints one JSON line per run and a table.
 
-    .venv/bin/python scripts/scale_bench.py --apis 1,2,4 --seconds 15
+    .venv/bin/python scripts/scale_bench.py --apis 1,2,4 --seconds 15 [--tree DIR]
+
+Beside Redis's CPU per job it reads the API processes' and the workers' (`inferq up`'s
+children, by role): with several APIs, what each job costs the front end as a whole.
+`--tree` serves another checkout with this venv, as `stack_cpu.py --tree` does.
 
 Everything shares this machine's cores (the load generator too): the numbers say where the
 path saturates here, not what separate hosts would do.
@@ -24,8 +28,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from stack_cpu import other_tree
+
 from inferq.bench.load import Target, closed_loop
-from inferq.bench.procs import Proc, bench_env, python, wait_http
+from inferq.bench.procs import Proc, bench_env, children, python, wait_http
 from inferq.redis_cluster import LocalCluster
 from inferq.redis_server import RedisServer, free_port
 
@@ -40,12 +46,25 @@ def _cpu_s(pids: list[int]) -> float:
     return total
 
 
-def _serve(url: str, cluster: bool, apis: int, workers: int, log_dir: Path) -> tuple[Proc, str]:
+def _roles(up: Proc) -> dict[str, list[int]]:
+    """`inferq up`'s children by role ("api", "worker"), read from their command lines."""
+    roles: dict[str, list[int]] = {"api": [], "worker": []}
+    for pid in children(up.pid):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        for role in roles:
+            if role.encode() in argv:
+                roles[role].append(pid)
+    return roles
+
+
+def _serve(
+    url: str, cluster: bool, apis: int, workers: int, log_dir: Path, tree: dict[str, str]
+) -> tuple[Proc, str]:
     port = free_port()
     env = bench_env(
         INFERQ_REDIS_URL=url, INFERQ_MODEL="echo", INFERQ_DEVICE="cpu", INFERQ_LOG_LEVEL="WARNING",
         INFERQ_REDIS_CLUSTER="true" if cluster else "false",
-        INFERQ_STREAM_SHARDS="3" if cluster else "1", INFERQ_MAX_QUEUE="100000",
+        INFERQ_STREAM_SHARDS="3" if cluster else "1", INFERQ_MAX_QUEUE="100000", **tree,
     )  # fmt: skip
     args = ["-m", "inferq.cli", "up", "--port", str(port), "--apis", str(apis)]
     args += ["--workers", str(workers)]
@@ -62,9 +81,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--tree", type=Path, help="serve from this checkout of inferq (stack_cpu.py)")
     args = ap.parse_args()
     texts = [f"scale bench sentence {i}" for i in range(1000)]
     tmp = Path(tempfile.mkdtemp(prefix="inferq-scale-"))
+    tree = other_tree(args.tree, tmp) if args.tree else {}
     rows: list[dict[str, object]] = []
     try:
         for mode in args.modes.split(","):
@@ -77,10 +98,12 @@ def main() -> None:
             redis.start()
             try:
                 for apis in (int(a) for a in args.apis.split(",")):
-                    proc, base = _serve(redis.url, cluster, apis, args.workers, tmp)
+                    proc, base = _serve(redis.url, cluster, apis, args.workers, tmp, tree)
                     nodes = redis.nodes if isinstance(redis, LocalCluster) else [redis]
                     pids = [n.pid for n in nodes if n.pid is not None]
+                    roles = _roles(proc)
                     before = _cpu_s(pids)
+                    before_roles = {r: _cpu_s(p) for r, p in roles.items()}
                     try:
                         res = asyncio.run(
                             closed_loop(Target((base,), "infer"), texts, [1] * len(texts),
@@ -88,6 +111,7 @@ def main() -> None:
                         )  # fmt: skip
                     finally:
                         redis_cpu_s = _cpu_s(pids) - before  # warmup included: an upper bound
+                        role_s = {r: _cpu_s(p) - before_roles[r] for r, p in roles.items()}
                         proc.stop()
                     lat = sorted(res.latencies_ms)
                     row = {
@@ -101,19 +125,25 @@ def main() -> None:
                         "errors": res.errors,
                         "redis_cpu_us_per_job": round(redis_cpu_s / max(1, len(lat)) * 1e6),
                         "redis_cpu_cores": round(redis_cpu_s / (args.seconds + 3.0), 2),
+                        **{
+                            f"{r}_cpu_us_per_job": round(s / max(1, len(lat)) * 1e6)
+                            for r, s in role_s.items()
+                        },
                     }
                     rows.append(row)
                     print(json.dumps(row), flush=True)
             finally:
                 redis.stop()
         print(
-            "\n| Redis | APIs | jobs/s | p50 ms | p99 ms | errors | Redis CPU µs/job | Redis cores |"
+            "\n| Redis | APIs | jobs/s | p50 ms | p99 ms | errors | Redis CPU µs/job | Redis cores "
+            "| APIs' CPU µs/job | workers' CPU µs/job |"
         )
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['redis']} | {r['apis']} | {r['jobs_per_s']} | {r['p50_ms']} | "
                   f"{r['p99_ms']} | {r['errors']} | {r['redis_cpu_us_per_job']} | "
-                  f"{r['redis_cpu_cores']} |")  # fmt: skip
+                  f"{r['redis_cpu_cores']} | {r['api_cpu_us_per_job']} | "
+                  f"{r['worker_cpu_us_per_job']} |")  # fmt: skip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

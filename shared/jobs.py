@@ -46,6 +46,7 @@ __all__ = [
     "now_ms",
     "pack_field",
     "plain",
+    "published_job",
     "tensor_input",
 ]
 
@@ -365,3 +366,12 @@ def decode_published(payload: bytes) -> Job | None:
         return decode_job(dict(zip(flat[::2], flat[1::2], strict=True)))
     except CodecError:
         return None
+
+
+def published_job(payload: bytes | None, job_id: str, tenant: str) -> Job | None:
+    """The final job a completion message carried (`Notifier.watch`'s result), if it is `tenant`'s
+    `job_id`; None: read it back instead (the read applies the tenant check)."""
+    job = decode_published(payload) if payload else None
+    if job is None or job.id != job_id or job.tenant != tenant or not job.status.is_final:
+        return None
+    return job

@@ -21,8 +21,9 @@ read and written outside scripts and need no tag. On one Redis the tags change n
 | `idempotency(t, h, model, shard)`| string  | job id for (tenant, key hash), `idempotency_ttl_s` |
 | `GROUP`                          | group   | consumer group on each stream               |
 | `job(job_id)`                    | hash    | `result_ttl_s` once final, else until final |
-| `done_channel(job_id)`           | pub/sub | message = the final record (or "final")    |
-| `DONE_PATTERN`                   | pattern | what each API process subscribes to         |
+| `done_channel(job_id[, listener])` | pub/sub | message = the final record (or "final"); with `listener`: to that API process only |
+| `listener_pattern(listener)`     | pattern | what an API process subscribes to: its own jobs' completions |
+| `DONE_PATTERN`                   | pattern | every completion (tools and tests)          |
 | `workers(model)`                 | zset    | member = worker id, score = beat expiry ms  |
 | `worker(worker_id)`              | hash    | heartbeat record, TTL `heartbeat_ttl_s`     |
 | `dead(model, shard)`             | stream  | dead-lettered entries                       |
@@ -192,10 +193,16 @@ def job_id_of(record_key: str) -> str:
     return rest
 
 
-def done_channel(job_id: str) -> str:
-    """Channel a worker publishes on when `job_id` becomes final. PUBLISH reaches every
+def done_channel(job_id: str, listener: str = "") -> str:
+    """Channel FINISH publishes on when `job_id` becomes final: to each API process the
+    record names (`listener`: its Notifier's id), else unaddressed. PUBLISH reaches every
     node of a cluster, so one subscriber per API process hears all shards."""
-    return f"{PREFIX}:done:{job_id}"
+    return f"{PREFIX}:done:{listener}:{job_id}" if listener else f"{PREFIX}:done:{job_id}"
+
+
+def listener_pattern(listener: str) -> str:
+    """What the API process `listener` subscribes to: only the completions sent to it."""
+    return f"{PREFIX}:done:{listener}:*"
 
 
 def job_id_from_channel(channel: str) -> str:

@@ -3,41 +3,39 @@ end one that never ran, ask a worker to stop one, the reads that describe a mode
 (depth, position, lanes, a tenant's holdings) for admission, health and ETAs; and hear each
 job's completion (`Notifier`, below).
 
-A submit's script call goes out coalesced with the calls made beside it, or acknowledged
-only once the replicas hold it (a write and its WAIT, INFERQ_REDIS_WAIT_REPLICAS).
 `ScriptBatch`: under load the API's request tasks reach their submit in the same turn of the
-event loop (uvicorn starts one task per request that a socket read completed). Sent one by
-one, each call pays redis-py's connection checkout, a write and a read, and Redis a read and
-a write; one pipeline of their EVALSHAs pays that once. A lone call yields once (the others
-of its turn join it) and goes out as before.
+event loop (uvicorn starts one task per request that a socket read completed); one pipeline
+of their EVALSHAs pays redis-py's checkout, a write and a read once, not once a call. A lone
+call yields once (the others of its turn join it) and goes out as before. A write that must
+be on replicas goes out with its WAIT in one pipeline, which is one connection: WAIT counts
+what *its connection* wrote, and a pipeline retried after a drop runs whole on the new one
+(maybe another node, after a failover). A cluster client refuses scripts in its pipelines,
+so there the three commands go out together on one connection of the slot's node.
 
-WAIT counts the replicas that have everything *the connection it runs on* wrote. So the write
-and its WAIT go out in one pipeline, which is one connection; a pipeline retried after a
-dropped connection runs again whole on the new one (maybe another node, after a failover),
-so a WAIT never vouches for a write made elsewhere. A cluster client refuses scripts in its
-pipelines, so there the three commands go out together on one connection of the node that
-owns the key's slot.
-
-`Notifier`: one pub/sub subscriber per API process, fanning completions out to local
-waiters. Pub/sub is at-most-once (a message published while it reconnects is gone), so a
-waiter registers first, then reads the job record, re-reads on a timer, and every waiter is
-woken to re-read after each (re)subscribe: a missed message can delay, never lose, a result.
-A completion message usually carries the final record (FINISH's): the waiter's future
+`Notifier`: one pub/sub subscriber per API process, hearing only its own waits: a job's
+record names the processes to tell (`listeners`: the submitter's, and each process that
+reads it to wait, `JobProducer.get(listen=True)`), so N API processes do not each decode
+every completion. Pub/sub is at-most-once (a message published while it reconnects is
+gone), so a waiter registers first, then reads the job record, re-reads on a timer, and every
+waiter is woken to re-read after each (re)subscribe: a missed message can delay, never lose,
+a result. A message usually carries the final record (FINISH's): the waiter's future
 resolves with it, no read back. The last `RECENT` completions are remembered, so a caller
-that has just submitted can skip the first read (the job is queued, or done and
-remembered). The subscription is a supervised loop (`inferq.shared.supervise`, SURVIVE,
-loop `notifier`): a drop is counted, logged once per outage, resubscribed with backoff.
+that has just submitted can skip the first read. The subscription is a supervised loop
+(`inferq.shared.supervise`, SURVIVE, loop `notifier`): a drop is counted, logged once per
+outage, resubscribed with backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgpack
 from prometheus_client import Counter
 from redis.asyncio import Redis
 from redis.asyncio.cluster import PipelineCommand, RedisCluster
@@ -46,7 +44,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError, R
 
 from inferq.shared import keys, lua
 from inferq.shared.errors import QueueUnavailable
-from inferq.shared.jobs import Job, decode_job, decode_published, encode_submit, inputs_bytes
+from inferq.shared.jobs import Job, decode_job, encode_submit, inputs_bytes
 from inferq.shared.lua import queue as scripts
 from inferq.shared.queue import Final, Idempotency, QueueClient, Submitted, shard_of
 from inferq.shared.redis_conn import as_str, unavailable
@@ -213,9 +211,13 @@ class JobProducer(QueueClient):
         shards: int = 1,
         keep_inputs: bool = False,
         brief_ttl_s: int = 0,  # INFERQ_SYNC_RESULT_TTL_S: such jobs get an index of their own
+        listener: str = "",  # this process's `Notifier.listener`: told of its jobs' ends
     ) -> None:
         super().__init__(redis, result_ttl_s=result_ttl_s, shards=shards, keep_inputs=keep_inputs)
         self.brief_ttl_s = brief_ttl_s if brief_ttl_s < result_ttl_s else 0
+        self.listener = listener
+        self._listener_field = [JobField.LISTENERS, msgpack.packb(listener)] if listener else []
+        self._listen = redis.register_script(lua.source(scripts.LISTEN))
         self._submit = ScriptBatch(redis, redis.register_script(lua.source(scripts.SUBMIT)))
         self._request_cancel = redis.register_script(lua.source(scripts.REQUEST_CANCEL))
         self._cached = redis.register_script(lua.source(scripts.CACHED))
@@ -240,6 +242,7 @@ class JobProducer(QueueClient):
         argv += [idem.ttl_s, size, max_bytes, *tenant_caps, idem.fingerprint, job.created_ms]
         for k, v in encode_submit(job).items():
             argv += [k, v]
+        argv += self._listener_field
         shard = shard_of(job.id)
         script_keys = [
             keys.job(job.id),
@@ -301,9 +304,15 @@ class JobProducer(QueueClient):
         return Submitted("created", job.id)
 
     @unavailable
-    async def get(self, job_id: str) -> Job | None:
+    async def get(self, job_id: str, *, listen: bool = False) -> Job | None:
+        """The job's record; `listen`: if it is not final, this process is told when it ends
+        (scripts.LISTEN, whose read is the one returned; a final one is never read in Lua)."""
         raw = await self.redis.hgetall(keys.job(job_id))
-        return decode_job(raw) if raw else None
+        job = decode_job(raw) if raw else None
+        if listen and self.listener and job is not None and not job.status.is_final:
+            flat = await self._listen(keys=[keys.job(job_id)], args=[self.listener])
+            job = decode_job(dict(zip(flat[::2], flat[1::2], strict=True))) if flat else None
+        return job
 
     @unavailable
     async def cancel(self, job: Job, fields: dict[str, bytes], *, only_if_queued: bool) -> int:
@@ -405,13 +414,13 @@ class JobProducer(QueueClient):
         return out
 
 
-RECENT = 4096  # completions remembered (every API process hears every model's completions)
+RECENT = 4096  # completions remembered: this process's jobs' and its waits'
 
 
 class Notifier:
     def __init__(self, redis: Redis, errors: Counter | None = None) -> None:
-        """`errors`: the API's `inferq_background_errors` counter (None: not counted)."""
-        self._redis = redis
+        self._redis = redis  # `errors`: the API's `inferq_background_errors` (None: uncounted)
+        self.listener = secrets.token_hex(8)  # whom FINISH tells: jobs name it (JobProducer)
         self._supervisor = Supervisor("notifier", SURVIVE, errors)
         self._waiters: dict[str, set[asyncio.Future[bytes | None]]] = {}
         self._recent: OrderedDict[str, None] = OrderedDict()
@@ -431,7 +440,7 @@ class Notifier:
 
     def watch(self, job_id: str) -> asyncio.Future[bytes | None]:
         """A future resolved when `job_id` may have changed, with the completion message's
-        payload when there is one (`decode_published`); register before reading the job."""
+        payload when there is one (`jobs.published_job`); register before reading the job."""
         fut: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
         if job_id in self._recent:
             fut.set_result(None)
@@ -473,7 +482,7 @@ class Notifier:
             # A cluster client learns the slot map on its first command, and its pubsub
             # picks a node from that map: ask something first (after a failover too).
             await self._redis.ping()
-            await pubsub.psubscribe(keys.DONE_PATTERN)
+            await pubsub.psubscribe(keys.listener_pattern(self.listener))
             self.connected.set()
             self.wake_all()  # anything published while we were away: re-read
             self._supervisor.succeeded()  # subscribed: an outage ends here, not at a drop
@@ -489,12 +498,3 @@ class Notifier:
         finally:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
-
-
-def published_job(payload: bytes | None, job_id: str, tenant: str) -> Job | None:
-    """The final job a completion message carried (`watch`'s result), if it is `tenant`'s
-    `job_id`; None: read it back instead (the read applies the tenant check)."""
-    job = decode_published(payload) if payload else None
-    if job is None or job.id != job_id or job.tenant != tenant or not job.status.is_final:
-        return None
-    return job

@@ -116,6 +116,7 @@ class JobField(StrEnum):
     CANCEL = "cancel"  # true: cancelled while running; its worker ends it at its next batch
     METADATA = "metadata"  # the caller's own labels: a small map of strings, shown and filterable
     RESULT_TTL = "result_ttl_s"  # how long the final record lives (FINISH, CACHED); absent: default
+    LISTENERS = "listeners"  # API processes that wait on it, space-separated ids: FINISH tells each
 
 
 class BatchStatus(StrEnum):

@@ -339,7 +339,7 @@ class BatchRun:
             flight.watch = self._watch(job_id)
             async with limit:
                 try:
-                    job = await self.jobs.get(job_id, self.rec.tenant)
+                    job = await self.jobs.get(job_id, self.rec.tenant, listen=True)
                 except JobNotFound:  # its record vanished (Redis flushed?): submit it again
                     notifier.unwatch(job_id, flight.watch)
                     del self.flights[job_id]

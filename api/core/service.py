@@ -47,9 +47,10 @@ from inferq.shared.jobs import (
     inputs_bytes,
     new_job_id,
     now_ms,
+    published_job,
 )
 from inferq.shared.metrics import ApiMetrics
-from inferq.shared.producer import JobProducer, Notifier, published_job
+from inferq.shared.producer import JobProducer, Notifier
 from inferq.shared.queue import Idempotency, Submitted, per_shard
 from inferq.shared.schema import JobField
 from inferq.shared.settings import Settings
@@ -59,10 +60,8 @@ REFUSED = ("full", "full_bytes", "tenant_full", "tenant_bytes")
 #: The `model` label of a refused submit that named no served model: a client's string
 #: never becomes a label value (each would be a series kept for the process's life).
 UNKNOWN_MODEL = "unknown"
-#: A job's inputs up to this size are fingerprinted on the event loop (microseconds).
-FINGERPRINT_ON_LOOP_BYTES = 1 << 20
-#: What a waiting route is told to await so the wait ends when its client leaves.
-Gone = Callable[[], Awaitable[None]]
+FINGERPRINT_ON_LOOP_BYTES = 1 << 20  # inputs up to this are fingerprinted on the loop (µs)
+Gone = Callable[[], Awaitable[None]]  # what a wait awaits to end when its client leaves
 
 
 @dataclass(slots=True)
@@ -374,7 +373,8 @@ class JobService:
             return job
         # The inputs are in Redis now: the wait holds none of the request's bytes.
         job.inputs = []
-        queued = job if job.status is Status.QUEUED else None  # just read: no re-read
+        # Made here (its record names this process): no first read; a repeat's is read.
+        queued = job if created and job.status is Status.QUEUED else None
         left = asyncio.ensure_future(gone())
         try:
             final = await self._wait(job.id, wait_s, tenant, queued, left)
@@ -388,8 +388,8 @@ class JobService:
         return None
 
     # --- read, cancel ---
-    async def get(self, job_id: str, tenant: str = "") -> Job:
-        job = await self.queue.get(job_id)
+    async def get(self, job_id: str, tenant: str = "", *, listen: bool = False) -> Job:
+        job = await self.queue.get(job_id, listen=listen)
         if job is None or job.tenant != tenant:
             raise JobNotFound(f"no job {job_id[:128]!r}")
         if job.status is Status.QUEUED and job.deadline_ms and now_ms() > job.deadline_ms:
@@ -463,9 +463,9 @@ class JobService:
     ) -> Job | None:
         """`wait`, and None once `left` (the client's disconnect) is done: the request's own
         task races the completion against it (no task of its own for the wait). `submitted`:
-        the job as this process just created it (queued), so the first read can be skipped:
-        the notifier remembers a completion that beat this watch. A re-read in progress is
-        not raced: a client that leaves then is seen when it returns."""
+        the job as this process just created it (queued): no first read, as the notifier
+        remembers a completion that beat this watch. Each read has this process told of the
+        job's end (`listen`). A client that leaves during a re-read is seen after it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         published: Job | None = None  # what the last completion message carried
@@ -478,7 +478,7 @@ class JobService:
                 elif first is not None and not fut.done():
                     job = first
                 else:
-                    job = await self.get(job_id, tenant)
+                    job = await self.get(job_id, tenant, listen=True)
                 remaining = deadline - loop.time()
                 if job.status.is_final or remaining <= 0 or self.shutting_down:
                     return job

@@ -15,10 +15,13 @@ They use the prelude tables of `inferq.shared.lua`: `F` (job fields), `S` (statu
 - `REQUEST_CANCEL`: mark a running job for its worker to end `cancelled` at its next batch.
 - `KEEP`: give a job's record the default TTL and index instead of the brief ones it was
   made with.
-- `FINISH`: write the final fields, set the TTL, release the admission counts, publish (and
+- `FINISH`: write the final fields, set the TTL, release the admission counts, publish to
+  the API processes the record names, else unaddressed (`keys.done_channel`) (and
   dead-letter a poisoned job, queue its webhook delivery, fill the result cache), unless the
   job is already final: a duplicate delivery after a crash can never clobber a result, and a
   job is published (and delivered) once.
+- `LISTEN`: read a job's record, and have FINISH also tell the API process `listener` when
+  it ends (one script: a FINISH cannot fall between the two, so a wait misses nothing).
 - `CACHED`: record a job answered from the result cache, final at birth (TTL, idempotency
   key and webhook delivery as if it had run); never queued, so never published.
 - `HAND_BACK`: a stopping worker re-queues a job it holds, at once, taking back the device
@@ -290,7 +293,10 @@ for i = 8 + ns, #KEYS, 4 do
   local key, channel, dead, n = KEYS[i], ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
   local first, last = a + 3, a + 2 + n
   a = last + 1
-  local h = redis.call('HMGET', key, F.status, F.items, F.bytes, F.quota, F.id, F.cache, F.webhook, F.result_ttl)
+  local h = redis.call(
+    'HMGET', key, F.status, F.items, F.bytes, F.quota, F.id, F.cache, F.webhook, F.result_ttl,
+    F.listeners
+  )
   local status = h[1] and cmsgpack.unpack(h[1])
   if not h[1] then
     out[#out + 1] = -1
@@ -352,13 +358,36 @@ for i = 8 + ns, #KEYS, 4 do
       redis.call('XADD', KEYS[4], '*', D.job, id, D.record, packed)
       redis.call('INCR', KEYS[i + 3])
     end
-    redis.call('PUBLISH', channel, #packed <= PUBLISH_MAX and packed or 'final')
+    local message = #packed <= PUBLISH_MAX and packed or 'final'
+    if h[9] then  -- only the API processes that wait on it (keys.done_channel)
+      local base = channel:sub(1, #channel - #id)
+      for listener in string.gmatch(cmsgpack.unpack(h[9]), '%S+') do
+        redis.call('PUBLISH', base .. listener .. ':' .. id, message)
+      end
+    else
+      redis.call('PUBLISH', channel, message)
+    end
     out[#out + 1] = 1
   end
 end
 return out
 """
 )
+
+# KEYS: job. ARGV: listener id. Returns the record (HGETALL).
+LISTEN = """
+local LISTENERS_MAX = 16  -- past them, a process's waits re-read on their timer
+local h = redis.call('HMGET', KEYS[1], F.status, F.listeners)
+if h[1] and not FINAL[cmsgpack.unpack(h[1])] then
+  local have = h[2] and cmsgpack.unpack(h[2]) or ''
+  local _, n = string.gsub(have, '%S+', '')
+  if n < LISTENERS_MAX and not string.find(' ' .. have .. ' ', ' ' .. ARGV[1] .. ' ', 1, true) then
+    local both = have == '' and ARGV[1] or have .. ' ' .. ARGV[1]
+    redis.call('HSET', KEYS[1], F.listeners, cmsgpack.pack(both))
+  end
+end
+return redis.call('HGETALL', KEYS[1])
+"""
 
 # KEYS: job, webhook stream, the tenant's webhook counter, the tenant's job index
 # [, idempotency]. ARGV: id, ttl_s, idem_ttl_s, fingerprint, created ms, fields... (inputs

@@ -8,6 +8,7 @@ import msgpack
 import numpy as np
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 
 from inferq.redis_server import free_port
 from inferq.shared import keys
@@ -137,6 +138,65 @@ async def test_keep_gives_a_brief_record_the_default_ttl_before_or_after_it_ends
     assert await queue.redis.zcard(brief) == 0
     await queue.keep(Job(id="gone", model="echo", inputs=["a"]))  # expired meanwhile: no error
     assert not await queue.redis.exists(keys.job("gone"))
+
+
+async def _heard(pubsub: PubSub, n: int) -> list[tuple[str, bytes]]:
+    """The next messages on `pubsub`, (channel, data), until `n` came or nothing more did
+    within a short wait."""
+    heard: list[tuple[str, bytes]] = []
+    misses = 0
+    while len(heard) < n and misses < 5:
+        m = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
+        if m is None:
+            misses += 1
+        else:
+            heard.append((m["channel"].decode(), m["data"]))
+    return heard
+
+
+async def test_finish_tells_the_processes_the_record_names_and_listen_adds_one(
+    queue: JobQueue,
+) -> None:
+    """A job submitted by an API process names it (`listeners`): FINISH publishes to it
+    alone. LISTEN adds a reader once, only while the job is not final, and returns the
+    record; a job that names nobody is published unaddressed."""
+    await queue.ensure_group("echo")
+    api = JobQueue(queue.redis, result_ttl_s=60, listener="a1")
+    other = JobQueue(queue.redis, result_ttl_s=60, listener="b2")
+    await api.submit(Job(id="t1", model="echo", inputs=["x"]))
+    await queue.submit(Job(id="t2", model="echo", inputs=["x"]))  # no listener: a tool's
+    pubsub = queue.redis.pubsub()
+    await pubsub.psubscribe(keys.DONE_PATTERN)
+    for _ in range(2):  # a second LISTEN by the same process adds nothing
+        job = await other.get("t1", listen=True)
+        assert job is not None and job.status is Status.QUEUED and job.inputs == ["x"]
+    raw = await queue.redis.hget(keys.job("t1"), JobField.LISTENERS)
+    assert raw is not None and msgpack.unpackb(raw) == "a1 b2"
+    ok = encode_final(Status.SUCCEEDED, finished_ms=1, outputs=[1])
+    entries = await queue.read("echo", "c1", count=10, block_ms=100)
+    finals = [Final("echo", e.stream, e.entry_id, e.job_id, ok) for e in entries]
+    assert await queue.finish(finals) == [1, 1]
+    heard = await _heard(pubsub, 4)
+    assert sorted(c for c, _ in heard) == sorted(
+        [keys.done_channel("t1", "a1"), keys.done_channel("t1", "b2"), keys.done_channel("t2")]
+    )
+    assert all(decode_published(data) is not None for _, data in heard)
+    # Final: a LISTEN reads it and adds nobody (FINISH has published already).
+    late = JobQueue(queue.redis, result_ttl_s=60, listener="c3")
+    final = await late.get("t1", listen=True)
+    assert final is not None and final.status is Status.SUCCEEDED
+    assert msgpack.unpackb(await queue.redis.hget(keys.job("t1"), JobField.LISTENERS)) == "a1 b2"
+    assert await late.get("gone", listen=True) is None
+    assert not await queue.redis.exists(keys.job("gone"))  # never made by a LISTEN
+    await pubsub.aclose()
+
+
+async def test_listen_names_at_most_sixteen_processes(queue: JobQueue) -> None:
+    await queue.submit(Job(id="t3", model="echo", inputs=["x"]))
+    for i in range(20):
+        await JobQueue(queue.redis, result_ttl_s=60, listener=f"p{i}").get("t3", listen=True)
+    raw = await queue.redis.hget(keys.job("t3"), JobField.LISTENERS)
+    assert raw is not None and msgpack.unpackb(raw).split() == [f"p{i}" for i in range(16)]
 
 
 @pytest.mark.parametrize("width", [4, 24 * 384])  # 32 B of outputs (read back), 72 KiB (not)

@@ -40,9 +40,26 @@ async def test_watch_then_done_resolves(parts: tuple[Notifier, fakeredis.FakeAsy
     n, r = parts
     fut = n.watch("j1")
     assert not fut.done()
-    await r.publish(keys.done_channel("j1"), "final")
+    await r.publish(keys.done_channel("j1", n.listener), "final")
     await asyncio.wait_for(fut, 5)
     assert n.waiting == 0
+
+
+async def test_only_completions_sent_to_this_process_are_heard(
+    parts: tuple[Notifier, fakeredis.FakeAsyncRedis],
+) -> None:
+    """Each API process hears the jobs whose record names it (`listeners`), not every
+    job's: another process's completions and unaddressed ones never reach its waiters."""
+    n, r = parts
+    other = Notifier(fakeredis.FakeAsyncRedis())
+    assert other.listener != n.listener
+    fut, mine = n.watch("x"), n.watch("mine")
+    await r.publish(keys.done_channel("x", other.listener), "final")
+    await r.publish(keys.done_channel("x"), "final")
+    await r.publish(keys.done_channel("mine", n.listener), "final")
+    await asyncio.wait_for(mine, 5)  # handled in order: the two before it were not for us
+    assert not fut.done() and n.waiting == 1
+    await other._redis.aclose()
 
 
 async def test_done_before_watch_is_remembered(
@@ -52,7 +69,7 @@ async def test_done_before_watch_is_remembered(
     monkeypatch.setattr(notifier_module, "RECENT", 3)
     other = n.watch("other")  # a message for it proves the ones before were handled
     for job_id in ("a", "b", "c", "d", "other"):
-        await r.publish(keys.done_channel(job_id), "final")
+        await r.publish(keys.done_channel(job_id, n.listener), "final")
     await asyncio.wait_for(other, 5)
     assert [n.watch(j).done() for j in ("a", "b", "c", "d", "never")] == [
         False,
@@ -83,9 +100,9 @@ async def test_wait_after_submit_skips_the_first_read(
     reads: list[str] = []
     real_get = service.get
 
-    async def counting_get(job_id: str, tenant: str = "") -> Job:
+    async def counting_get(job_id: str, tenant: str = "", *, listen: bool = False) -> Job:
         reads.append(job_id)
-        return await real_get(job_id, tenant)
+        return await real_get(job_id, tenant, listen=listen)
 
     service.get = counting_get  # type: ignore[method-assign]
     job = Job(id="j2", model="echo", inputs=["x"])
@@ -95,7 +112,7 @@ async def test_wait_after_submit_skips_the_first_read(
 
     waiter = asyncio.ensure_future(service.wait("j2", 5.0, submitted=job))
     await r.hset(keys.job("j2"), mapping=encode_final(Status.SUCCEEDED, finished_ms=1))
-    await r.publish(keys.done_channel("j2"), "final")
+    await r.publish(keys.done_channel("j2", n.listener), "final")
     done = await asyncio.wait_for(waiter, 5)
     assert done.status is Status.SUCCEEDED and reads == ["j2"]  # one read: the final one
 
@@ -142,7 +159,7 @@ async def test_a_sync_wait_ends_with_the_client_or_the_job_whichever_comes_first
     # The job ends first: the job, and the disconnect watch is stopped.
     running = await start("b")
     await succeed("b")
-    await r.publish(keys.done_channel("b"), "final")
+    await r.publish(keys.done_channel("b", n.listener), "final")
     done = await asyncio.wait_for(running, 5)
     assert done is not None and done.status is Status.SUCCEEDED
     await asyncio.sleep(0)  # the cancelled watch runs its `finally`
