@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgpack
 import pytest
 import redis
 from redis.crc import key_slot
@@ -24,6 +25,7 @@ from redis.crc import key_slot
 from inferq.redis_cluster import LocalCluster
 from inferq.shared import keys
 from inferq.shared.jobs import decode_job
+from inferq.shared.schema import JobField
 from inferq.worker.models.echo import expected_vector
 from tests.integration.stack import Stack, wait_for
 from tests.integration.test_sentinel import RUN_LOG_ENV, Load, _audit, report_failover
@@ -87,6 +89,37 @@ def test_jobs_spread_over_shards_and_long_poll_on_a_cluster(cstack: Stack) -> No
                 break
             after = page.json()["last_id"]
         assert len(listed) == len(set(listed)) == 31 and set(ids) < set(listed)
+
+
+def test_completions_reach_the_waiting_api_process_on_a_cluster(cstack: Stack) -> None:
+    """Each shard's FINISH tells the API process that waits: a long poll on a second process
+    (LISTEN on the job's shard), and a process's own sync requests. The re-read timer is
+    past the waits, so an answer well before a wait's end came from a message."""
+    slow = {"long_poll_recheck_s": 120, "max_long_poll_s": 120, "stream_shards": SHARDS}
+    a, b = cstack.api(**slow), cstack.api(**slow)
+    with httpx.Client(timeout=60) as c:
+        job_id = c.post(f"{a}/v1/jobs", json={"input": "polled on b"}).json()["id"]
+        polled: dict[str, httpx.Response] = {}
+        poller = threading.Thread(
+            target=lambda: polled.setdefault(
+                "r", httpx.get(f"{b}/v1/jobs/{job_id}", params={"wait": 20}, timeout=60)
+            )
+        )
+        poller.start()
+
+        def named() -> int:
+            raw = cstack.r.hget(keys.job(job_id), JobField.LISTENERS)
+            return 0 if raw is None else len(msgpack.unpackb(raw).split())
+
+        wait_for(lambda: named() == 2, 10, "B's poll to name B")
+        cstack.worker(stream_shards=SHARDS)
+        poller.join(60)
+        r = polled["r"]
+        assert r.json()["status"] == "succeeded" and r.elapsed.total_seconds() < 10, r.text
+        for i in range(SHARDS):  # unpinned jobs take the shards in turn
+            r = c.post(f"{a}/v1/infer", json={"input": f"told {i}", "wait": 20})
+            assert r.status_code == 200 and r.json()["status"] == "succeeded", r.text
+            assert r.elapsed.total_seconds() < 10, r.elapsed
 
 
 def test_idempotency_keys_meet_their_first_job_on_a_cluster(
