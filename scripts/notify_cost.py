@@ -29,6 +29,7 @@ from stack_cpu import cpu_s
 from inferq.redis_server import RedisServer
 from inferq.shared import keys
 from inferq.shared.jobs import Job, Status, encode_final, encode_submit
+from inferq.shared.schema import JobField
 
 CHILD = """
 import asyncio, sys
@@ -57,7 +58,7 @@ def message() -> bytes:
     fields = encode_submit(job) | encode_final(
         Status.SUCCEEDED, finished_ms=1, outputs=np.ones((1, 384), np.float32), worker="w"
     )
-    fields.pop("inputs")
+    fields.pop(JobField.INPUTS)
     return msgpack.packb([x for kv in fields.items() for x in kv])
 
 
