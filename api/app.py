@@ -57,7 +57,7 @@ from inferq.api.webhooks.dispatcher import Dispatcher
 from inferq.shared.heap import freeze_startup
 from inferq.shared.metrics import ApiMetrics, api_metrics
 from inferq.shared.producer import JobProducer, Notifier
-from inferq.shared.redis_conn import api_client, pubsub_client, sibling
+from inferq.shared.redis_clients import api_client, pubsub_client, sibling
 from inferq.shared.registry import WorkerRegistry
 from inferq.shared.settings import Settings
 
@@ -100,7 +100,11 @@ def connect(settings: Settings) -> Connections:
         "cluster": settings.redis_cluster,
     }
     requests = api_client(
-        url, timeout_s=settings.redis_timeout_s, pool_size=settings.redis_pool_size, **where
+        url,
+        timeout_s=settings.redis_timeout_s,
+        pool_size=settings.redis_pool_size,
+        multiplex=settings.redis_multiplex,
+        **where,
     )
     return Connections(
         requests, lambda: pubsub_client(url, connect_timeout_s=settings.redis_timeout_s, **where)

@@ -5,7 +5,7 @@ handler plus one Redis round trip (a SET of the body and a GET of it, pipelined,
 trip that moves the payload both ways, the least a queue must do per request). Both read the
 same `{"input": ...}` body as inferq's POST /v1/infer, answer `{"status": "succeeded"}`, and
 run under uvicorn with inferq's API settings (httptools, uvloop, no access log, the same
-keep-alive), on the same Redis client policy (`shared.redis_conn.api_client`, default
+keep-alive), on the same Redis client policy (`shared.redis_clients.api_client`, default
 pool and timeouts), so inferq's p50 on the echo model divided by floor-redis's is the cost
 of inferq's own path. Run: `python -m inferq.bench.floor_app fastapi|redis PORT [REDIS_URL]`.
 """
@@ -44,7 +44,7 @@ def create_app(kind: str, redis: Any = None, redis_url: str | None = None) -> Fa
         if redis_url is None:
             yield
             return
-        from inferq.shared.redis_conn import api_client
+        from inferq.shared.redis_clients import api_client
         from inferq.shared.settings import Settings
 
         settings = Settings()

@@ -32,7 +32,7 @@ import orjson
 from inferq.api.app import create_app
 from inferq.redis_server import RedisServer
 from inferq.shared import keys
-from inferq.shared.redis_conn import worker_client
+from inferq.shared.redis_clients import worker_client
 from inferq.shared.settings import Settings
 from inferq.worker.build import WorkerPlan, build_worker
 from inferq.worker.models.echo import EchoModel

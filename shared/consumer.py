@@ -20,7 +20,7 @@ from inferq.shared import keys, lua
 from inferq.shared.jobs import decode_job, pack_field
 from inferq.shared.lua import queue as scripts
 from inferq.shared.queue import Claimed, Entry, Final, QueueClient, shard_of
-from inferq.shared.redis_conn import as_str, unavailable
+from inferq.shared.redis_conn import as_str, register, unavailable
 from inferq.shared.schema import ENTRY_JOB
 
 _ENTRY_JOB = ENTRY_JOB.encode()
@@ -33,9 +33,9 @@ class JobConsumer(QueueClient):
         self, redis: Redis, *, result_ttl_s: int, shards: int = 1, keep_inputs: bool = False
     ) -> None:
         super().__init__(redis, result_ttl_s=result_ttl_s, shards=shards, keep_inputs=keep_inputs)
-        self._claim = redis.register_script(lua.source(scripts.CLAIM))
-        self._start = redis.register_script(lua.source(scripts.START))
-        self._hand_back = redis.register_script(lua.source(scripts.HAND_BACK))
+        self._claim = register(redis, lua.source(scripts.CLAIM))
+        self._start = register(redis, lua.source(scripts.START))
+        self._hand_back = register(redis, lua.source(scripts.HAND_BACK))
 
     @unavailable
     async def ensure_group(self, model: str) -> None:

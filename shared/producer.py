@@ -47,7 +47,7 @@ from inferq.shared.errors import QueueUnavailable
 from inferq.shared.jobs import Job, decode_job, encode_submit, inputs_bytes
 from inferq.shared.lua import queue as scripts
 from inferq.shared.queue import Final, Idempotency, QueueClient, Submitted, shard_of
-from inferq.shared.redis_conn import as_str, unavailable
+from inferq.shared.redis_conn import MuxScript, as_str, register, unavailable
 from inferq.shared.schema import JobField
 from inferq.shared.supervise import SURVIVE, Supervisor
 
@@ -63,10 +63,11 @@ class ScriptBatch:
     the calls of the same turn. Each call gets its own reply or error; a failure of the
     connection fails the calls that rode on it (each is retry-safe, as a lone call is)."""
 
-    def __init__(self, redis: Redis, script: AsyncScript) -> None:
+    def __init__(self, redis: Redis, script: AsyncScript | MuxScript) -> None:
         self.script = script
         self._redis = redis
-        self._solo = isinstance(redis, RedisCluster)  # it refuses scripts in its pipelines
+        # A cluster client refuses scripts in its pipelines; a mux sends a turn's in one write.
+        self._solo = isinstance(redis, RedisCluster) or isinstance(script, MuxScript)
         self._joining: list[_Call] | None = None
         self._sending: set[asyncio.Task[None]] = set()  # a task is only weakly held by asyncio
 
@@ -160,7 +161,7 @@ async def call_and_wait(
 
 async def _on_node(
     redis: RedisCluster,
-    script: AsyncScript,
+    script: AsyncScript | MuxScript,
     keys: Sequence[str],
     args: Sequence[bytes | str | int],
     wait: tuple[int, int],
@@ -217,11 +218,11 @@ class JobProducer(QueueClient):
         self.brief_ttl_s = brief_ttl_s if brief_ttl_s < result_ttl_s else 0
         self.listener = listener
         self._listener_field = [JobField.LISTENERS, msgpack.packb(listener)] if listener else []
-        self._listen = redis.register_script(lua.source(scripts.LISTEN))
-        self._submit = ScriptBatch(redis, redis.register_script(lua.source(scripts.SUBMIT)))
-        self._request_cancel = redis.register_script(lua.source(scripts.REQUEST_CANCEL))
-        self._cached = redis.register_script(lua.source(scripts.CACHED))
-        self._keep = redis.register_script(lua.source(scripts.KEEP))
+        self._listen = register(redis, lua.source(scripts.LISTEN))
+        self._submit = ScriptBatch(redis, register(redis, lua.source(scripts.SUBMIT)))
+        self._request_cancel = register(redis, lua.source(scripts.REQUEST_CANCEL))
+        self._cached = register(redis, lua.source(scripts.CACHED))
+        self._keep = register(redis, lua.source(scripts.KEEP))
 
     @unavailable
     async def submit(
@@ -265,10 +266,8 @@ class JobProducer(QueueClient):
         if outcome == "ok":
             job.entry = value
             return Submitted("created", job.id, value, replicas=acked)
-        if outcome == "dup":
-            return Submitted("duplicate", value, replicas=acked)
-        if outcome == "conflict":  # the key's job was made by another request
-            return Submitted("conflict", value, replicas=acked)
+        if outcome in ("dup", "conflict"):  # conflict: the key's job is another request's
+            return Submitted("duplicate" if outcome == "dup" else outcome, value, replicas=acked)
         return Submitted(outcome, depth=int(value))  # full, full_bytes, tenant_full, tenant_bytes
 
     @unavailable
@@ -448,11 +447,10 @@ class Notifier:
         return fut
 
     def unwatch(self, job_id: str, fut: asyncio.Future[bytes | None]) -> None:
-        waiters = self._waiters.get(job_id)
-        if waiters is not None:
-            waiters.discard(fut)
-            if not waiters:
-                del self._waiters[job_id]
+        waiters = self._waiters.get(job_id, set())
+        waiters.discard(fut)
+        if not waiters:
+            self._waiters.pop(job_id, None)
 
     def _done(self, job_id: str, payload: bytes | None = None) -> None:
         self._recent[job_id] = None  # ids only: payloads can be large

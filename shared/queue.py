@@ -25,6 +25,7 @@ from inferq.shared.queue_types import Entry as Entry
 from inferq.shared.queue_types import Final as Final
 from inferq.shared.queue_types import Idempotency as Idempotency
 from inferq.shared.queue_types import Submitted as Submitted
+from inferq.shared.redis_conn import register
 
 # FINISH's first KEYS, in its order: one shard's counters, dead letters, webhooks and cache.
 # Per job, after its record: its tenant's counters (FINISH frees what SUBMIT counted).
@@ -69,7 +70,7 @@ class QueueClient:
         self.keep_inputs = keep_inputs  # off: a final record drops its inputs (FINISH)
         # A cluster client refuses scripts inside a pipeline: calls go out side by side.
         self.cluster = isinstance(redis, RedisCluster)
-        self._finish = redis.register_script(lua.source(scripts.FINISH))
+        self._finish = register(redis, lua.source(scripts.FINISH))
 
     def _finish_args(
         self, model: str, shard: int, finals: Sequence[Final], only_if_queued: bool = False

@@ -1,37 +1,47 @@
-"""Redis clients with the timeouts and retry policy each side needs, and the one place
-where Redis failures become `QueueUnavailable`.
+"""How a call reaches Redis, and the one place where Redis failures become `QueueUnavailable`.
 
-The API must answer 503 quickly when Redis is gone (short socket timeouts, one retry);
-a worker's blocking XREADGROUP needs a socket timeout longer than its BLOCK, or the
-read raises and drops a connection that the server already delivered entries on.
-TLS (`rediss://`) verifies certificates and host names explicitly.
+`unavailable` wraps every queue call: redis-py's errors (and the OS's) for "Redis cannot
+serve us right now" leave it as `QueueUnavailable`. Commands are packed by hiredis without
+redis-py's pass over each argument (`FastPacker`) and written without a task each
+(`LeanConnection`). The clients themselves (timeouts, TLS, Sentinel, Cluster) are built in
+`inferq.shared.redis_clients`.
 
-With `INFERQ_REDIS_SENTINELS` set, every client finds the master through the sentinels
-(redis-py's `SentinelConnectionPool`) and follows it across a failover: every (re)connect
-asks the sentinels where the master is (`FollowingConnection`), and a connection that fails,
-or meets a demoted master (READONLY), is dropped and reconnects to wherever they point. Each
-client keeps its own timeouts and retry policy; the password, database and TLS still come
-from `INFERQ_REDIS_URL` (its host and port are then unused).
+One connection that carries every caller's commands at once (`Multiplexed`). redis-py gives
+each command a pooled connection of its own: a checkout, a write, a read, a parse and a
+release around every call, 46-68 µs of client CPU an EVALSHA here, 10-13 µs when the API's
+`ScriptBatch` pipelines a turn's submits (`scripts/mux_cost.py`). Redis answers a
+connection's commands in the order they came, so one connection can carry every caller's:
+the commands asked for in one turn of the event loop leave in one write, hiredis parses
+replies as they arrive, and each goes to its caller's future, in order: 24-26 µs an EVALSHA
+alone, 2-5 µs with 8-32 callers. Only the queue's scripts go this way (`MuxScript`, made by
+`register`): never a blocking read (it would hold every command behind it) and never
+pub/sub. Only a plain client of one server over TCP has one (`MuxRedis`,
+`INFERQ_REDIS_MULTIPLEX`); Sentinel, Cluster, TLS and Unix sockets keep redis-py's pools,
+which follow failovers and slots. Failures keep redis-py's shapes, so `unavailable` reads
+them as before: a lost connection fails every call on it with ConnectionError, and a call
+that waits past the timeout fails them all with TimeoutError and drops the connection
+(replies come in order: the oldest waiting that long means the connection, or the server,
+is stuck). The next call connects again; `retries` calls (the API's one) go out once more on
+the new connection, as redis-py's retry policy sends them. A cancelled caller only drops its
+future: its reply still arrives and is discarded, so the connection keeps its place.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ParamSpec, TypeVar, cast
-from urllib.parse import urlsplit
 
 import hiredis
-from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
-from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import SSLConnection, parse_url
-from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
-from redis.backoff import ExponentialBackoff, NoBackoff
+from redis._parsers.base import BaseParser
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 from redis.exceptions import (
     ClusterDownError,
     MasterDownError,
+    NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
     ResponseError,
@@ -143,75 +153,6 @@ def unavailable(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     return wrapper
 
 
-def _tls_kwargs(url: str) -> dict[str, Any]:
-    if url.startswith("rediss://"):
-        return {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
-    return {}
-
-
-DEFAULT_MASTER = "mymaster"
-
-
-def sentinel_addresses(entries: Sequence[str]) -> list[tuple[str, int]]:
-    """`INFERQ_REDIS_SENTINELS` entries ('host:port', '[::1]:26379') as (host, port) pairs."""
-    out = []
-    for entry in entries:
-        host, sep, port = entry.strip().rpartition(":")
-        host = host.strip().removeprefix("[").removesuffix("]")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"invalid INFERQ_REDIS_SENTINELS entry {entry!r}: want host:port")
-        out.append((host, int(port)))
-    return out
-
-
-class SentinelRedis(Redis):
-    """A client of a Sentinel-managed master that also closes its sentinel connections."""
-
-    sentinels: Sentinel | None = None  # not `sentinel`: that is the SENTINEL command
-
-    async def aclose(self, close_connection_pool: bool | None = None) -> None:
-        await super().aclose(close_connection_pool)
-        # Only the client master_for made holds them; those made by .client() share its pool.
-        if self.sentinels is not None:
-            await self.sentinels.aclose()
-
-
-class FollowingConnection(SentinelManagedConnection):
-    """A master connection that asks the sentinels where the master is on *every* connect.
-
-    redis-py's own asks only in `connect()`; a command sent on a dropped connection (the
-    retry after a failover error) reconnects through `connect_check_health`, to the address
-    the connection last had: the old master (redis-py #3874, open). Here both paths resolve.
-    """
-
-    async def connect(self) -> None:
-        await self.retry.call_with_retry(
-            lambda: self.connect_check_health(
-                check_health=self.connection_pool.check_connection, retry_socket_connect=False
-            ),
-            lambda error: asyncio.sleep(0),
-        )
-
-    async def connect_check_health(
-        self, check_health: bool = True, retry_socket_connect: bool = True
-    ) -> None:
-        if self.is_connected:
-            return
-        self.host, self.port = await self.connection_pool.get_master_address()
-        await super().connect_check_health(
-            check_health=check_health, retry_socket_connect=retry_socket_connect
-        )
-
-
-class FollowingSSLConnection(FollowingConnection, SSLConnection):
-    pass
-
-
-class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
-    """The API's pool in Sentinel mode: the master's address from the sentinels, and a caller
-    waits up to `timeout` for a free connection (never 'Too many connections')."""
-
-
 #: Argument types packed as hiredis packs them, grown by `_learn`: exactly str, bytes and
 #: int, and each str subclass met (the schema's StrEnum field names: a str either way). An
 #: int subclass (bool, IntEnum) is never added, and goes the library's way.
@@ -292,7 +233,10 @@ class LeanConnection:
 _LEAN_CLASSES: dict[type, type] = {}
 
 
-def fast_packing(client: Redis) -> Redis:
+_R = TypeVar("_R", bound=Redis)
+
+
+def fast_packing(client: _R) -> _R:
     """`client`, its pool's connections packing commands with `FastPacker` (where redis-py
     packs with hiredis at all) and writing them without a task per command
     (`LeanConnection`); a cluster client's nodes keep redis-py's own."""
@@ -304,159 +248,225 @@ def fast_packing(client: Redis) -> Redis:
     return client
 
 
-def _via_sentinels(
-    url: str,
-    sentinels: Sequence[str],
-    master: str,
-    pool_class: type[SentinelConnectionPool],
-    **connection: Any,
-) -> Redis:
-    """A client of `master` as the sentinels report it; `connection` as for a plain client."""
-    scheme = urlsplit(url).scheme
-    if scheme not in ("redis", "rediss"):
-        raise ValueError(
-            f"INFERQ_REDIS_SENTINELS needs a redis:// or rediss:// INFERQ_REDIS_URL, not {scheme}://"
+class _Link(asyncio.Protocol):
+    """One connection: commands written in order, each reply to the oldest waiting future."""
+
+    def __init__(self, timeout_s: float | None) -> None:
+        self._timeout_s = timeout_s
+        self._reader = hiredis.Reader()
+        self._waiting: deque[tuple[asyncio.Future[Any], float]] = deque()
+        self._out: list[bytes] = []
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self.lost: BaseException | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = f"Error while reading from socket: {exc}" if exc else "Connection closed"
+        self._fail(RedisConnectionError(reason))
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        while True:
+            try:
+                reply = self._reader.gets()
+            except hiredis.ProtocolError as e:
+                self._fail(RedisConnectionError(f"Protocol error: {e}"))
+                return
+            if reply is False:  # hiredis: not a whole reply yet
+                return
+            if not self._waiting:  # a reply nobody asked for: this connection cannot be trusted
+                self._fail(RedisConnectionError(f"Unexpected reply: {reply!r:.100}"))
+                return
+            done, _ = self._waiting.popleft()
+            if done.done():  # its caller was cancelled
+                continue
+            if isinstance(reply, hiredis.ReplyError):
+                done.set_exception(BaseParser.parse_error(str(reply)))
+            else:
+                done.set_result(reply)
+
+    def send(self, packed: bytes) -> asyncio.Future[Any]:
+        if self.lost is not None:
+            raise RedisConnectionError(str(self.lost))
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._waiting.append((done, loop.time()))
+        self._out.append(packed)
+        if len(self._out) == 1:  # the first of this turn: one write carries the turn's
+            loop.call_soon(self._flush)
+        if self._timer is None and self._timeout_s:
+            self._timer = loop.call_later(self._timeout_s, self._check)
+        return done
+
+    def _flush(self) -> None:
+        if self._transport is not None and self.lost is None and self._out:
+            self._transport.writelines(self._out)
+        self._out = []
+
+    def _check(self) -> None:
+        self._timer = None
+        if not self._waiting or self.lost is not None or not self._timeout_s:
+            return
+        loop = asyncio.get_running_loop()
+        late = loop.time() - self._waiting[0][1]
+        if late >= self._timeout_s:
+            self._fail(RedisTimeoutError("Timeout reading from socket"))
+        else:
+            self._timer = loop.call_later(self._timeout_s - late, self._check)
+
+    def _fail(self, error: BaseException) -> None:
+        """Every call on this connection fails with `error`; the connection is done."""
+        if self.lost is None:
+            self.lost = error
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._transport is not None:
+            self._transport.abort()
+        while self._waiting:
+            done, _ = self._waiting.popleft()
+            if not done.done():
+                done.set_exception(type(error)(str(error)))
+
+    def close(self) -> None:
+        self._fail(RedisConnectionError("Connection closed by the client"))
+
+
+class Multiplexed:
+    """`await mux.call(*command)`: its reply, over the one connection (made on first use)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        hello: Sequence[tuple[Any, ...]] = (),
+        timeout_s: float | None = None,
+        connect_timeout_s: float | None = None,
+        retries: int = 0,
+    ) -> None:
+        self.host, self.port = host, port
+        self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
+        self.retries = retries
+        self._hello = list(hello)  # AUTH, SELECT: sent first on each connection
+        self._link: _Link | None = None
+        self._connecting: asyncio.Lock | None = None
+
+    @classmethod
+    def of(cls, connection: dict[str, Any], *, retries: int) -> Multiplexed:
+        """For the server a redis-py pool's `connection_kwargs` describe: its credentials,
+        database and timeouts."""
+        hello: list[tuple[Any, ...]] = []
+        user, password = connection.get("username"), connection.get("password")
+        if password is not None:
+            hello.append(("AUTH", user, password) if user else ("AUTH", password))
+        if db := int(connection.get("db") or 0):
+            hello.append(("SELECT", db))
+        return cls(
+            connection.get("host", "localhost"),
+            int(connection.get("port", 6379)),
+            hello=hello,
+            timeout_s=connection.get("socket_timeout"),
+            connect_timeout_s=connection.get("socket_connect_timeout"),
+            retries=retries,
         )
-    parsed = parse_url(url)
-    # Only the credentials and the database: the master's address is the sentinels' answer.
-    node: dict[str, Any] = {k: v for k, v in parsed.items() if k in ("username", "password", "db")}
-    tls = _tls_kwargs(url)
-    node |= {"connection_class": FollowingSSLConnection if tls else FollowingConnection, **tls}
-    # Asking the sentinels must never hang a caller: one try each, bounded like a connect.
-    probe_s = connection.get("socket_connect_timeout") or 5.0
-    sentinel = Sentinel(
-        sentinel_addresses(sentinels),
-        sentinel_kwargs={
-            "socket_timeout": probe_s,
-            "socket_connect_timeout": probe_s,
-            "retry": Retry(NoBackoff(), 0),
-            **({"ssl": True, **tls} if tls else {}),
-        },
-        **node,
-    )
-    client: SentinelRedis = sentinel.master_for(
-        master, redis_class=SentinelRedis, connection_pool_class=pool_class, **connection
-    )
-    client.sentinels = sentinel
+
+    async def call(self, *command: Any) -> Any:
+        packed = hiredis.pack_command(command)
+        for attempt in range(self.retries + 1):
+            try:
+                link = self._link
+                if link is None or link.lost is not None:
+                    link = await self._connect()
+                return await link.send(packed)
+            except (RedisConnectionError, RedisTimeoutError):
+                if attempt == self.retries:
+                    raise
+                await asyncio.sleep(0.02 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    async def _connect(self) -> _Link:
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:  # one connect for every caller that found none
+            if self._link is not None and self._link.lost is None:
+                return self._link
+            loop = asyncio.get_running_loop()
+            link: _Link | None = None
+            try:
+                async with asyncio.timeout(self.connect_timeout_s):
+                    _, link = await loop.create_connection(
+                        lambda: _Link(self.timeout_s), self.host, self.port
+                    )
+                    for command in self._hello:  # a refusal raises redis-py's error for it
+                        await link.send(hiredis.pack_command(command))
+            except BaseException as e:
+                if link is not None:
+                    link.close()
+                if isinstance(e, OSError):  # refused, unreachable, or the timeout
+                    raise RedisConnectionError(
+                        f"Error connecting to {self.host}:{self.port}: {e}"
+                    ) from e
+                raise
+            self._link = link
+            return link
+
+    async def aclose(self) -> None:
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+
+
+class MuxRedis(Redis):
+    """A plain client that also holds a `Multiplexed` connection to its server (`mux`), for
+    `register`'s scripts; closing the client closes it."""
+
+    mux: Multiplexed | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        if self.mux is not None:
+            await self.mux.aclose()
+
+
+def multiplexed(client: MuxRedis, *, retries: int) -> MuxRedis:
+    """`client` with a `mux` to the server its pool connects to (one server, plain TCP: the
+    caller's to know), with its pool's credentials and timeouts."""
+    client.mux = Multiplexed.of(client.connection_pool.connection_kwargs, retries=retries)
     return client
 
 
-def cluster_seeds(url: str) -> tuple[str, list[tuple[str, int]]]:
-    """A cluster URL naming several nodes, `redis[s]://[user:pass@]h1:p1,h2:p2,.../db`, as
-    (the URL of its first node, every node). One node: ([url], [that node])."""
-    parts = urlsplit(url)
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    nodes: list[tuple[str, int]] = []
-    for entry in hosts.split(","):
-        host, colon, port = entry.strip().rpartition(":")
-        if not colon or not port.isdigit():
-            raise ValueError(f"cluster node {entry!r} is not host:port")
-        nodes.append((host.strip("[]"), int(port)))
-    first = f"{userinfo}{at}{hosts.split(',')[0].strip()}"
-    return parts._replace(netloc=first).geturl(), nodes
+class MuxScript:
+    """An `AsyncScript` whose lone calls go out on a `Multiplexed` connection: EVALSHA, and on
+    NOSCRIPT (a restarted or flushed Redis) SCRIPT LOAD and once more. A call in a pipeline
+    (`client=`), or with an argument hiredis would pack unlike redis-py, goes the script's
+    own way."""
+
+    def __init__(self, script: AsyncScript, mux: Multiplexed) -> None:
+        self.library = script
+        self.sha: str = script.sha
+        self.script = script.script
+        self.mux = mux
+
+    async def __call__(
+        self, keys: Sequence[Any] = (), args: Sequence[Any] = (), client: Any = None
+    ) -> Any:
+        kinds = set(map(type, keys)) | set(map(type, args))
+        if client is not None or not (kinds <= _PLAIN or _learn(kinds)):
+            return await self.library(keys=keys, args=args, client=client)
+        command = ("EVALSHA", self.sha, len(keys), *keys, *args)
+        try:
+            return await self.mux.call(*command)
+        except NoScriptError:
+            await self.mux.call("SCRIPT", "LOAD", self.script)
+            return await self.mux.call(*command)
 
 
-def _cluster(url: str, policy: dict[str, Any]) -> Redis:
-    """A Redis Cluster client from a URL naming one node or several (`cluster_seeds`): it
-    starts from whichever answers, so a dead first node does not stop a start; `policy` as
-    for a plain client."""
-    node = {
-        k: v
-        for k, v in policy.items()
-        if k in ("socket_timeout", "socket_connect_timeout", "max_connections", "retry")
-    }
-    first, seeds = cluster_seeds(url)
-    others = [ClusterNode(host, port) for host, port in seeds[1:]]
-    # A failed-over master answers nothing for a few seconds; the client reloads the slot map
-    # between attempts, so a few tries ride out a failover without failing a request.
-    client = RedisCluster.from_url(
-        first, startup_nodes=others, cluster_error_retry_attempts=3, **node, **_tls_kwargs(url)
-    )
-    return cast(Redis, client)  # the commands inferq uses exist on both
-
-
-def api_client(
-    url: str,
-    *,
-    timeout_s: float,
-    pool_size: int,
-    sentinels: Sequence[str] = (),
-    sentinel_master: str = DEFAULT_MASTER,
-    cluster: bool = False,
-) -> Redis:
-    """Pooled client for request handlers: waits for a free connection, never 'Too many'."""
-    policy: dict[str, Any] = {
-        "max_connections": pool_size,
-        "timeout": timeout_s,
-        "socket_timeout": timeout_s,
-        "socket_connect_timeout": timeout_s,
-        "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 1),
-        "retry_on_error": list(RETRY_ON),
-    }
-    if cluster:
-        # Per node, and a cluster client raises past it instead of waiting: room for bursts.
-        return _cluster(url, policy | {"max_connections": 4 * pool_size})
-    if sentinels:
-        return fast_packing(
-            _via_sentinels(url, sentinels, sentinel_master, BlockingSentinelPool, **policy)
-        )
-    pool = BlockingConnectionPool.from_url(url, **policy, **_tls_kwargs(url))
-    return fast_packing(Redis.from_pool(pool))  # owns its pool: closing it closes them
-
-
-def pubsub_client(
-    url: str,
-    *,
-    connect_timeout_s: float,
-    sentinels: Sequence[str] = (),
-    sentinel_master: str = DEFAULT_MASTER,
-    cluster: bool = False,
-) -> Redis:
-    """For the one long-lived subscriber per process: reads may idle indefinitely."""
-    policy: dict[str, Any] = {
-        "socket_timeout": None,
-        "socket_connect_timeout": connect_timeout_s,
-        "retry": Retry(ExponentialBackoff(cap=0.5), 0),
-    }
-    if cluster:
-        return _cluster(url, policy)
-    if sentinels:
-        return _via_sentinels(url, sentinels, sentinel_master, SentinelConnectionPool, **policy)
-    return Redis.from_url(url, **policy, **_tls_kwargs(url))
-
-
-def worker_client(
-    url: str,
-    *,
-    block_ms: int,
-    sentinels: Sequence[str] = (),
-    sentinel_master: str = DEFAULT_MASTER,
-    cluster: bool = False,
-) -> Redis:
-    """Worker client; the socket timeout comfortably exceeds any BLOCK we issue."""
-    policy: dict[str, Any] = {
-        "socket_timeout": block_ms / 1000 + 5.0,
-        "socket_connect_timeout": 5.0,
-        # No blind retries: XREADGROUP '>' and XADD are not idempotent; the worker loop
-        # handles connection errors itself (re-reads its PEL after reconnecting).
-        "retry": Retry(ExponentialBackoff(), 0),
-    }
-    if cluster:
-        return _cluster(url, policy)
-    if sentinels:
-        return fast_packing(
-            _via_sentinels(url, sentinels, sentinel_master, SentinelConnectionPool, **policy)
-        )
-    return fast_packing(Redis.from_url(url, **policy, **_tls_kwargs(url)))
-
-
-def sibling(redis: Redis) -> Redis:
-    """A client of its own on the server `redis` talks to, for one long blocking read (no
-    socket timeout), as `pubsub_client` makes from a URL. For a plain client only (tests
-    hand the API theirs, fakeredis included): a cluster or sentinel client has no single
-    server to copy."""
-    if isinstance(redis, RedisCluster | SentinelRedis):
-        raise TypeError("sibling() copies a plain client's connection; use pubsub_client()")
-    pool = redis.connection_pool
-    kwargs = pool.connection_kwargs | {"socket_timeout": None}
-    return Redis.from_pool(ConnectionPool(connection_class=pool.connection_class, **kwargs))
+def register(redis: Redis, source: str) -> AsyncScript | MuxScript:
+    """`redis.register_script(source)`, on the client's `mux` where it has one."""
+    script = redis.register_script(source)
+    mux = getattr(redis, "mux", None)
+    return MuxScript(script, mux) if isinstance(mux, Multiplexed) else script

@@ -149,6 +149,13 @@ class Settings(BaseSettings):
         gt=0,
         description="API Redis connections; past it a request waits up to redis_timeout_s, then 503.",
     )
+    redis_multiplex: bool = Field(
+        True,
+        description="The queue's scripts (submit, claim, start, finish) share one connection per "
+        "process, commands of one event-loop turn in one write: a fraction of a pooled call's "
+        "client CPU. Used with a redis:// URL of one server (not Sentinel, Cluster, TLS or a "
+        "socket); false: every call takes a pooled connection.",
+    )
     redis_sentinels: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated Sentinel 'host:port' list. Set: the master is found through "

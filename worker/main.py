@@ -15,7 +15,7 @@ from prometheus_client import start_http_server
 from inferq.shared.heap import freeze_startup
 from inferq.shared.logs import setup_logging
 from inferq.shared.metrics import worker_metrics
-from inferq.shared.redis_conn import worker_client
+from inferq.shared.redis_clients import worker_client
 from inferq.shared.settings import ModelSpec, Settings
 from inferq.worker.build import WorkerPlan, build_worker
 from inferq.worker.calibration.fit import resolve_ceiling
@@ -76,6 +76,7 @@ async def serve(
         sentinels=settings.redis_sentinels,
         sentinel_master=settings.redis_sentinel_master,
         cluster=settings.redis_cluster,
+        multiplex=settings.redis_multiplex,
     )
     ceiling, reason, calibration = resolve_ceiling(
         settings, model_name, device, model.max_cost, model_threads, model.default_batch_cost

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import redis
-from redis.asyncio import Redis
 
 from inferq.redis_cluster import LocalCluster, cluster_available
 from inferq.redis_server import RedisServer, RedisServerError, find_redis_server
+from inferq.shared.redis_conn import MuxRedis, multiplexed
 from tests.conftest import in_ci
 from tests.integration.stack import Stack
 from tests.queues import JobQueue
@@ -43,10 +43,13 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
     yield redis_server.url
 
 
-@pytest.fixture
-async def queue(redis_url: str) -> AsyncIterator[JobQueue]:
-    """The broker client over the session's Redis (flushed for this test)."""
-    r = Redis.from_url(redis_url)
+@pytest.fixture(params=["pooled", "multiplexed"])
+async def queue(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[JobQueue]:
+    """The broker client over the session's Redis (flushed for this test): its scripts on
+    pooled connections, and on one multiplexed connection as the processes run them."""
+    r = MuxRedis.from_url(redis_url)
+    if request.param == "multiplexed":
+        multiplexed(r, retries=0)
     yield JobQueue(r, result_ttl_s=60)
     await r.aclose()
 

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 from inferq.shared import keys
 from inferq.shared.jobs import Job, new_job_id
-from inferq.shared.redis_conn import worker_client
+from inferq.shared.redis_clients import worker_client
 from inferq.shared.settings import Settings
 from inferq.worker.build import WorkerPlan, build_worker
 from inferq.worker.models.base import DeviceOutOfMemory
@@ -110,7 +110,11 @@ class InProcess:
         self.settings = Settings(_env_file=None, **(defaults | settings))  # type: ignore[arg-type]
         self.model = model
         self.clock = clock
-        self.redis = worker_client(worker_url or url, block_ms=self.settings.read_block_ms)
+        self.redis = worker_client(
+            worker_url or url,
+            block_ms=self.settings.read_block_ms,
+            multiplex=self.settings.redis_multiplex,  # as `worker.main.serve` builds it
+        )
         self.admin = Redis.from_url(url)  # the test's own view of Redis
         self.queue = JobQueue(self.admin, result_ttl_s=60)
         self.worker: Worker | None = None

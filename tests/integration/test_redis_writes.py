@@ -13,7 +13,8 @@ from redis.asyncio import Redis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from inferq.shared.errors import QueueUnavailable
-from inferq.shared.redis_conn import api_client, unavailable, worker_client
+from inferq.shared.redis_clients import api_client, worker_client
+from inferq.shared.redis_conn import unavailable
 
 
 async def _cancelled_as_it_writes(client: Redis) -> bool:

@@ -19,9 +19,9 @@ from types import FrameType
 from typing import Any
 
 import httpx
-from redis.asyncio import Redis
 
 from inferq.api.app import create_app
+from inferq.shared.redis_clients import api_client
 from inferq.shared.settings import Settings
 from tests.integration.inprocess import InProcess, Recorder
 
@@ -66,7 +66,9 @@ async def test_one_infer_crosses_the_files_the_architecture_lists(redis_url: str
     sys.setprofile(crossed)
     worker = InProcess(redis_url, Recorder(), heartbeat_s=30)
     settings = Settings(_env_file=None, redis_url=redis_url, model="echo", heartbeat_s=30)
-    redis = Redis.from_url(redis_url)  # the app's; a client handed in is the caller's to close
+    # The app's, as `api.app.connect` builds it (the scripts on one multiplexed connection);
+    # a client handed in is the caller's to close.
+    redis = api_client(redis_url, timeout_s=2, pool_size=8, multiplex=settings.redis_multiplex)
     app = create_app(settings, redis=redis)
     try:
         await worker.start()

@@ -30,7 +30,7 @@ from inferq.shared import keys, lua
 from inferq.shared.jobs import ErrorCode, Job, JobError, Status, encode_final
 from inferq.shared.lua.webhooks import PROMOTE, SETTLE
 from inferq.shared.metrics import api_metrics
-from inferq.shared.redis_conn import pubsub_client
+from inferq.shared.redis_clients import pubsub_client
 from inferq.shared.settings import Settings
 from tests.integration.receivers import HookServer
 from tests.integration.stack import Stack, wait_for

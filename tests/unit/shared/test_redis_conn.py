@@ -3,8 +3,10 @@ each client is built, with or without Sentinel (nothing here opens a socket)."""
 
 from __future__ import annotations
 
+import asyncio
 from enum import IntEnum
 
+import hiredis
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,24 +14,21 @@ from redis.asyncio import BlockingConnectionPool
 from redis.asyncio.connection import Connection
 from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError, ResponseError
+from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 
 from inferq.shared.errors import QueueUnavailable
-from inferq.shared.redis_conn import (
+from inferq.shared.redis_clients import (
     BlockingSentinelPool,
-    FastPacker,
     FollowingConnection,
     FollowingSSLConnection,
-    LeanConnection,
     SentinelRedis,
     api_client,
     cluster_seeds,
-    is_refusal,
     pubsub_client,
     sentinel_addresses,
-    unavailable,
     worker_client,
 )
+from inferq.shared.redis_conn import FastPacker, LeanConnection, _Link, is_refusal, unavailable
 from inferq.shared.schema import JobField
 from inferq.shared.settings import Settings
 
@@ -253,3 +252,40 @@ def test_plain_and_sentinel_clients_pack_with_it() -> None:
         assert isinstance(conn._command_packer, FastPacker), client
         assert isinstance(conn, LeanConnection)  # and still the library's class (below)
         assert isinstance(conn, client.connection_pool.connection_class.__mro__[2])
+
+
+class _Wire:
+    """What a `_Link` writes to and aborts (no socket)."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.aborted = False
+
+    def writelines(self, data: list[bytes]) -> None:
+        self.written += data
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+async def test_a_multiplexed_link_answers_in_order_across_reads_and_turns_in_one_write() -> None:
+    link, wire = _Link(timeout_s=None), _Wire()
+    link.connection_made(wire)  # type: ignore[arg-type]
+    calls = [link.send(hiredis.pack_command(("ECHO", str(i)))) for i in range(3)]
+    await asyncio.sleep(0)  # the turn ends: its three commands leave in one write
+    assert wire.written == [hiredis.pack_command(("ECHO", str(i))) for i in range(3)]
+    link.data_received(b"$1\r\n0\r\n$1\r")  # a reply and a half
+    assert calls[0].result() == b"0" and not calls[1].done()
+    link.data_received(b"\n1\r\n-NOSCRIPT No matching script\r\n")
+    assert calls[1].result() == b"1"
+    assert isinstance(calls[2].exception(), NoScriptError)  # redis-py's type for it
+    assert not wire.aborted
+
+
+async def test_a_reply_nobody_asked_for_drops_the_link() -> None:
+    link, wire = _Link(timeout_s=None), _Wire()
+    link.connection_made(wire)  # type: ignore[arg-type]
+    link.data_received(b"+OK\r\n")
+    assert wire.aborted and isinstance(link.lost, RedisConnectionError)
+    with pytest.raises(RedisConnectionError):
+        link.send(b"PING")
