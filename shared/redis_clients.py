@@ -32,7 +32,7 @@ from inferq.shared.redis_conn import RETRY_ON, MuxRedis, fast_packing, multiplex
 
 
 def _over_tcp(url: str) -> bool:
-    """A `redis://` URL: plain TCP, what `inferq.shared.mux` speaks (not TLS, not a socket)."""
+    """A `redis://` URL: plain TCP, what `redis_conn.Multiplexed` speaks (not TLS, not a socket)."""
     return urlsplit(url).scheme == "redis"
 
 
@@ -187,7 +187,7 @@ def api_client(
     multiplex: bool = False,
 ) -> Redis:
     """Pooled client for request handlers: waits for a free connection, never 'Too many'.
-    `multiplex`: the queue's scripts share one connection (`inferq.shared.mux`), where the
+    `multiplex`: the queue's scripts share one connection (`redis_conn.Multiplexed`), where the
     URL names one server over plain TCP."""
     policy: dict[str, Any] = {
         "max_connections": pool_size,

@@ -1,8 +1,9 @@
-"""`inferq.shared.mux` against a real redis-server: many callers on one connection each get
-their own reply, errors keep redis-py's types, a cancelled caller does not shift anyone's
-reply, a lost or stuck connection fails its calls and the next call connects again, and the
-clients the processes build carry one only where it can serve. The queue's own scripts run
-through it in every test of `queue` (tests/integration/conftest.py: pooled and multiplexed)."""
+"""`Multiplexed` (`inferq.shared.redis_conn`) against a real redis-server: many callers on one
+connection each get their own reply, errors keep redis-py's types, a cancelled caller does
+not shift anyone's reply, a lost or stuck connection fails its calls and the next call
+connects again, and the clients the processes build carry one only where it can serve. The
+queue's own scripts run through it in every test of `queue` (tests/integration/conftest.py:
+pooled and multiplexed)."""
 
 from __future__ import annotations
 
