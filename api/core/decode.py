@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -350,3 +351,28 @@ def metadata(value: Any, loc: str = "metadata") -> dict[str, str]:
                 f"{loc}.{k}", f"String should have at most {MAX_METADATA_VALUE} characters"
             )
     return value
+
+
+@dataclass(slots=True)
+class Submission:
+    """One job as a route parsed it: JSON items or uploaded image files, not yet checked."""
+
+    items: list[InputItem] = field(default_factory=list)
+    files: list[bytes] = field(default_factory=list)
+    model: str | None = None
+    tenant: str = ""
+    priority: str = "normal"
+    timeout_s: float | None = None
+    idempotency_key: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    webhook: str | None = None  # URL to deliver the final job to
+    webhook_events: tuple[str, ...] | None = None  # the final statuses it fires on; None: all
+    metadata: dict[str, str] = field(default_factory=dict)  # the caller's labels
+    result_ttl_s: int | None = None  # how long the final record lives; None: the default
+
+    def answered_inline(self, settings: Settings) -> bool:
+        """Answered inline: True, kept INFERQ_SYNC_RESULT_TTL_S, unless it set a TTL or webhook."""
+        if self.result_ttl_s is not None or self.webhook is not None:
+            return False
+        self.result_ttl_s = min(settings.sync_result_ttl_s, settings.result_ttl_s)
+        return True

@@ -17,7 +17,7 @@ import hashlib
 import itertools
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -25,7 +25,7 @@ from prometheus_client import Counter
 
 from inferq.api.core.admission import Admission, ModelCatalog, RedisMemory
 from inferq.api.core.cache import ResultCache
-from inferq.api.core.decode import InputItem, image_kinds, item_kinds, wire_images, wire_inputs
+from inferq.api.core.decode import Submission, image_kinds, item_kinds, wire_images, wire_inputs
 from inferq.api.core.errors import refusal_reason
 from inferq.api.core.idempotency import key_reused, request_fingerprint
 from inferq.shared import keys
@@ -62,31 +62,10 @@ REFUSED = ("full", "full_bytes", "tenant_full", "tenant_bytes")
 UNKNOWN_MODEL = "unknown"
 FINGERPRINT_ON_LOOP_BYTES = 1 << 20  # inputs up to this are fingerprinted on the loop (µs)
 Gone = Callable[[], Awaitable[None]]  # what a wait awaits to end when its client leaves
-
-
-@dataclass(slots=True)
-class Submission:
-    """One job as a route parsed it: JSON items or uploaded image files, not yet checked."""
-
-    items: list[InputItem] = field(default_factory=list)
-    files: list[bytes] = field(default_factory=list)
-    model: str | None = None
-    tenant: str = ""
-    priority: str = "normal"
-    timeout_s: float | None = None
-    idempotency_key: str | None = None
-    parameters: dict[str, Any] = field(default_factory=dict)
-    webhook: str | None = None  # URL to deliver the final job to
-    webhook_events: tuple[str, ...] | None = None  # the final statuses it fires on; None: all
-    metadata: dict[str, str] = field(default_factory=dict)  # the caller's labels
-    result_ttl_s: int | None = None  # how long the final record lives; None: the default
-
-    def answered_inline(self, settings: Settings) -> bool:
-        """Answered inline: True, kept INFERQ_SYNC_RESULT_TTL_S, unless it set a TTL or webhook."""
-        if self.result_ttl_s is not None or self.webhook is not None:
-            return False
-        self.result_ttl_s = min(settings.sync_result_ttl_s, settings.result_ttl_s)
-        return True
+#: A sync wait watches for its client's leaving (a task, and a wait on two futures: ~4 % of
+#: the API's CPU a request, docs/benchmarks.md) only once it outlives this; most answers
+#: come sooner. A client that left meanwhile is seen then: the server keeps the disconnect.
+WATCH_CLIENT_AFTER_S = 0.2
 
 
 @dataclass(slots=True)
@@ -375,11 +354,7 @@ class JobService:
         job.inputs = []
         # Made here (its record names this process): no first read; a repeat's is read.
         queued = job if created and job.status is Status.QUEUED else None
-        left = asyncio.ensure_future(gone())
-        try:
-            final = await self._wait(job.id, wait_s, tenant, queued, left)
-        finally:
-            left.cancel()
+        final = await self._wait(job.id, wait_s, tenant, queued, gone)
         if final is not None:
             return final
         if created:
@@ -459,42 +434,64 @@ class JobService:
         wait_s: float,
         tenant: str,
         submitted: Job | None,
-        left: asyncio.Future[None] | None,
+        gone: Gone | None,
     ) -> Job | None:
-        """`wait`, and None once `left` (the client's disconnect) is done: the request's own
-        task races the completion against it (no task of its own for the wait). `submitted`:
-        the job as this process just created it (queued): no first read, as the notifier
-        remembers a completion that beat this watch. Each read has this process told of the
-        job's end (`listen`). A client that leaves during a re-read is seen after it."""
+        """`wait`, and None once `gone()` (the client's disconnect) returns: from
+        `WATCH_CLIENT_AFTER_S` on, the request's own task races the completion against it
+        (no task of its own for the wait). `submitted`: the job as this process just created
+        it (queued): no first read, as the notifier remembers a completion that beat this
+        watch. Each read has this process told of the job's end (`listen`). A client that
+        leaves during a re-read is seen after it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
+        watch_from = loop.time() + WATCH_CLIENT_AFTER_S
         published: Job | None = None  # what the last completion message carried
-        while True:
-            fut = self.notifier.watch(job_id)  # watch first, then read: no gap to miss
-            try:
-                first, submitted = submitted, None  # only ever stands in for the first read
-                if published is not None:
-                    job = published
-                elif first is not None and not fut.done():
-                    job = first
-                else:
-                    job = await self.get(job_id, tenant, listen=True)
-                remaining = deadline - loop.time()
-                if job.status.is_final or remaining <= 0 or self.shutting_down:
-                    return job
-                recheck = min(remaining, self.settings.long_poll_recheck_s)
-                if left is None:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(recheck):
-                            payload = await fut
-                        published = published_job(payload, job_id, tenant)
-                    continue
-                await asyncio.wait(
-                    (fut, left), timeout=recheck, return_when=asyncio.FIRST_COMPLETED
-                )
-                if fut.done():  # the completion first, even if the client left meanwhile
-                    published = published_job(fut.result(), job_id, tenant)
-                elif left.done():
-                    return None
-            finally:
-                self.notifier.unwatch(job_id, fut)
+        left: asyncio.Future[None] | None = None
+        try:
+            while True:
+                fut = self.notifier.watch(job_id)  # watch first, then read: no gap to miss
+                try:
+                    first, submitted = submitted, None  # only ever stands in for the first read
+                    if published is not None:
+                        job = published
+                    elif first is not None and not fut.done():
+                        job = first
+                    else:
+                        job = await self.get(job_id, tenant, listen=True)
+                    now = loop.time()
+                    if job.status.is_final or now >= deadline or self.shutting_down:
+                        return job
+                    recheck = min(deadline - now, self.settings.long_poll_recheck_s)
+                    if gone is not None and left is None and now >= watch_from:
+                        left = asyncio.ensure_future(gone())
+                    if left is None:
+                        # Until the client is watched; then, if nothing came (the timeout
+                        # cancelled `fut`), on with no read between: the next watch sees a
+                        # completion that came meanwhile (`Notifier.watch`).
+                        grace = gone is not None and watch_from < now + recheck
+                        until = watch_from if grace else now + recheck
+                        published = await self._published(fut, until, job_id, tenant)
+                        submitted = job if grace and fut.cancelled() else None
+                        continue
+                    await asyncio.wait(
+                        (fut, left), timeout=recheck, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    if fut.done():  # the completion first, even if the client left meanwhile
+                        published = published_job(fut.result(), job_id, tenant)
+                    elif left.done():
+                        return None
+                finally:
+                    self.notifier.unwatch(job_id, fut)
+        finally:
+            if left is not None:
+                left.cancel()
+
+    @staticmethod
+    async def _published(
+        fut: asyncio.Future[bytes | None], until: float, job_id: str, tenant: str
+    ) -> Job | None:
+        """The final job a completion message carried, if one comes by `until` (loop time)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(until):
+                return published_job(await fut, job_id, tenant)
+        return None

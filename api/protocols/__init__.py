@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Protocol
 
 from inferq.api.core.admission import ModelCatalog
-from inferq.api.core.service import Submission
+from inferq.api.core.decode import Submission
 from inferq.shared.errors import RequestError
 from inferq.shared.jobs import Job
 

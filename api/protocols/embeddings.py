@@ -45,9 +45,15 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from inferq.api.core.admission import ModelCatalog
-from inferq.api.core.decode import InvalidBody, json_object, json_values, number, optional_str
+from inferq.api.core.decode import (
+    InvalidBody,
+    Submission,
+    json_object,
+    json_values,
+    number,
+    optional_str,
+)
 from inferq.api.core.errors import job_failure, request_error
-from inferq.api.core.service import Submission
 from inferq.api.protocols import Answer, vectors
 from inferq.shared.errors import Overloaded, RequestError
 from inferq.shared.jobs import Job, Status

@@ -17,6 +17,7 @@ from inferq.api.core.admission import ModelCatalog
 from inferq.api.core.decode import (
     InputItem,
     InvalidBody,
+    Submission,
     check_json_budget,
     forbid_extra,
     input_items,
@@ -26,7 +27,7 @@ from inferq.api.core.decode import (
     optional_str,
 )
 from inferq.api.core.errors import error_body, job_failure, request_error
-from inferq.api.core.service import JobService, Submission
+from inferq.api.core.service import JobService
 from inferq.api.protocols import Answer
 from inferq.shared.errors import RequestError
 from inferq.shared.jobs import Job, Status

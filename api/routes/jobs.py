@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, Json, ValidationError
 from starlette.responses import Response
 
-from inferq.api.core.decode import MAX_METADATA_PAIRS, InvalidBody, metadata
+from inferq.api.core.decode import MAX_METADATA_PAIRS, InvalidBody, Submission, metadata
 from inferq.api.core.listing import MAX_LIMIT, JobFilter
 from inferq.api.core.schemas import (
     ErrorResponse,
@@ -26,7 +26,7 @@ from inferq.api.core.schemas import (
     JobView,
     SubmitRequest,
 )
-from inferq.api.core.service import JobService, Submission
+from inferq.api.core.service import JobService
 from inferq.api.protocols import v1
 from inferq.api.responses import MSGPACK, FastJSON, answer_response, record_response, wants_msgpack
 from inferq.api.routes.deps import (

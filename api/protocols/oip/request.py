@@ -39,8 +39,7 @@ from typing import Any
 
 import orjson
 
-from inferq.api.core.decode import InputItem, TensorItem, TensorSpec, check_json_budget
-from inferq.api.core.service import Submission
+from inferq.api.core.decode import InputItem, Submission, TensorItem, TensorSpec, check_json_budget
 from inferq.api.protocols.oip.body import split_body
 from inferq.api.protocols.oip.metadata import VERSION, input_kinds, output_kind, output_name
 from inferq.api.protocols.oip.tensors import (

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import fakeredis
 import pytest
 
+from inferq.api.core import service as service_module
 from inferq.api.core.admission import Admission, ModelCatalog, RedisMemory
 from inferq.api.core.cache import ResultCache
 from inferq.api.core.service import Checks, JobService
@@ -172,3 +173,44 @@ async def test_a_sync_wait_ends_with_the_client_or_the_job_whichever_comes_first
     n._wake("c")  # the completion message, as the listener hands it on (no payload: re-read)
     done = await asyncio.wait_for(running, 5)
     assert done is not None and done.status is Status.SUCCEEDED
+
+
+async def test_a_quick_answer_never_watches_its_client_and_a_slow_one_does(
+    parts: tuple[Notifier, fakeredis.FakeAsyncRedis],
+) -> None:
+    """`follow` starts the disconnect watch only once the wait outlives
+    `WATCH_CLIENT_AFTER_S`: a job answered sooner never calls `gone`, and a client that left
+    during that time still ends the wait (None) once it is watched, with no read in between."""
+    n, r = parts
+    service = _service(n, r)
+    calls: list[str] = []
+    reads: list[str] = []
+    real_get = service.get
+
+    async def counting_get(job_id: str, tenant: str = "", *, listen: bool = False) -> Job:
+        reads.append(job_id)
+        return await real_get(job_id, tenant, listen=listen)
+
+    service.get = counting_get  # type: ignore[method-assign]
+
+    async def already_left() -> None:
+        calls.append("gone")  # the server kept the disconnect: this returns at once
+
+    quick = Job(id="q", model="echo", inputs=["x"])
+    await r.hset(keys.job("q"), mapping=encode_submit(quick))
+    running = asyncio.ensure_future(service.follow(quick, True, "", 5.0, already_left))
+    await asyncio.sleep(0.01)
+    await r.hset(keys.job("q"), mapping=encode_final(Status.SUCCEEDED, finished_ms=1))
+    await r.publish(keys.done_channel("q", n.listener), "final")
+    done = await asyncio.wait_for(running, 5)
+    assert done is not None and done.status is Status.SUCCEEDED
+    assert calls == [] and reads == ["q"]  # never watched; read once, for the final state
+
+    slow = Job(id="s", model="echo", inputs=["x"])  # a repeat's job: read first, never cancelled
+    await r.hset(keys.job("s"), mapping=encode_submit(slow))
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    assert await asyncio.wait_for(service.follow(slow, False, "", 5.0, already_left), 5) is None
+    assert loop.time() - began >= service_module.WATCH_CLIENT_AFTER_S
+    assert calls == ["gone"] and service_module.WATCH_CLIENT_AFTER_S == 0.2  # docs/api.md
+    assert reads == ["q", "s"]  # the repeat's first read; none when the watch starts

@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from inferq.api.core.service import JobService, Submission
+from inferq.api.core.decode import Submission
+from inferq.api.core.service import JobService
 from inferq.shared.errors import QueueUnavailable
 from inferq.shared.jobs import Job, Status
 from inferq.shared.settings import Settings
