@@ -25,6 +25,9 @@ from inferq.worker.memory import SnapshotState, device_memory, footprint_bytes
 log = logging.getLogger("inferq.worker")
 
 FOOTPRINT_EVERY_S = 1.0  # how often a worker reads its footprint (NVML; the RSS on a CPU)
+#: At most one batch line a second, with what ran since the last: at a GPU's rate a line a
+#: batch is hundreds a second, for the log's reader and in the worker's CPU.
+BATCH_LOG_EVERY_S = 1.0
 
 
 @dataclass(slots=True)
@@ -100,6 +103,8 @@ class Telemetry:
         self.counts = Counts()
         self._clock = clock
         self._footprint_at = float("-inf")
+        self._logged_at = float("-inf")
+        self._unlogged = (0, 0)  # batches, items since the last batch line
         self._snapshots: SnapshotState | None = None  # made on first use
         self._series = None if metrics is None else _Series.of(metrics, model_name)
 
@@ -139,10 +144,14 @@ class Telemetry:
             memory = (alloc, reserved, total, self.footprint, self.budget)
             for gauge, value in zip(series.memory, memory, strict=True):
                 gauge.set(value)
-        if log.isEnabledFor(logging.INFO):
+        batches, done = self._unlogged = (self._unlogged[0] + 1, self._unlogged[1] + items)
+        now = self._clock()
+        if now - self._logged_at >= BATCH_LOG_EVERY_S and log.isEnabledFor(logging.INFO):
+            self._logged_at, self._unlogged = now, (0, 0)
             log.info(
                 "batch items=%d tokens=%d/%d run_ms=%.1f mem=%.0f/%.0f/%.0fMiB (%.0f%%) "
-                "footprint=%.0f/%sMiB held=%d oldest_wait_ms=%.0f",
+                "footprint=%.0f/%sMiB held=%d oldest_wait_ms=%.0f (%d batches, %d items "
+                "since the last line)",
                 items,
                 padded,
                 ceiling,
@@ -155,6 +164,8 @@ class Telemetry:
                 f"{self.budget / 2**20:.0f}" if self.budget else "-",
                 held,
                 oldest_wait_s * 1000,
+                batches,
+                done,
             )
         self._maybe_snapshot(reserved, total)
 

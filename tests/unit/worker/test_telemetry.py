@@ -3,6 +3,8 @@ series of its model (looked up once), the device memory by kind."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from inferq.shared.jobs import Job, JobError, Status
@@ -70,3 +72,24 @@ def test_memory_is_read_once_a_second_on_a_cpu_and_the_allocator_each_batch_on_c
         assert len(reads) == (6 if per_batch else 2), (device, reads)
         assert t.footprint != first  # read again past the second
         assert t.memory[0] == len(reads)  # the latest reading
+
+
+def test_one_batch_line_a_second_with_what_ran_since_the_last(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The first batch is logged at once; the rest within its second are not, and the next
+    line counts every batch and item since the one before."""
+    now = [100.0]
+    t = Telemetry(Settings(model="echo"), "m1", "cpu", None, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="inferq.worker"):
+        for items in (3, 4, 5, 6):
+            t.on_batch(items, 8 * items, 8192, 0.001, held=0, oldest_wait_s=0.0)
+            now[0] += 0.3  # 100.0, 100.3, 100.6, 100.9: one line
+        now[0] = 101.0
+        t.on_batch(7, 56, 8192, 0.001, held=2, oldest_wait_s=0.0)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("batch ")]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("batch items=3 tokens=24/8192")
+    assert lines[0].endswith("(1 batches, 3 items since the last line)")
+    assert lines[1].startswith("batch items=7 tokens=56/8192") and "held=2" in lines[1]
+    assert lines[1].endswith("(4 batches, 22 items since the last line)")  # 4+5+6+7
