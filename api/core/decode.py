@@ -25,6 +25,9 @@ image parts named `files`. What the API checks, without any image decoder or dev
 
 Decoding (and refusing an undecodable image or a decompression bomb) is the worker's, in
 its prepare thread. Images and tensors travel as raw msgpack `bin`, never base64 in Redis.
+
+What a route hands the job pipeline (`core.service.JobService`) is a `Submission`: one job
+as its request decoded, not yet checked against the model.
 """
 
 from __future__ import annotations
