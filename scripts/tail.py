@@ -6,7 +6,8 @@ with 32 closed-loop clients, then sends Poisson arrivals at `--load` of it. Ever
 `POST /v1/infer` carries its job's timings, so each request splits into: client (its scheduled
 arrival → the load generator sent it), queued (created → a worker took it), run (taken →
 final: batching wait, prepare, the model, the write), and the rest (sent → API → submit,
-and final → the answer read: the API's share, the network, reading the answer). Prints the percentiles of each, and the same split over the slowest 1 %.
+and final → the answer read: the API's share, the network, reading the answer). Prints the percentiles of each, and the same split over the slowest 1 %, and how many AOF rewrites
+Redis made during the open loop.
 
 Run: .venv/bin/python scripts/tail.py [--load 0.5] [--seconds 20] [--env KEY=VALUE ...]
      [--tree DIR]   (another checkout's code, as scripts/stack_cpu.py runs it)
@@ -107,10 +108,18 @@ def main() -> None:
 
                 redis = redis_py.Redis.from_url(run.redis_server.url)
                 redis.config_set("latency-monitor-threshold", 10)
+                rewrites = int(redis.info("persistence")["aof_rewrites"])
             got = asyncio.run(open_loop(run.target.bases[0], bodies, rate, args.seconds))
             if redis is not None:
                 for event in redis.execute_command("LATENCY", "LATEST"):
                     print("redis latency event:", event)
+                # Each rewrite forks Redis and writes all it holds: on a small host, the
+                # open-loop tail's largest cause (docs/benchmarks.md, "One connection...").
+                rewrites = int(redis.info("persistence")["aof_rewrites"]) - rewrites
+                fork_ms = int(redis.info("stats")["latest_fork_usec"]) / 1000
+                print(
+                    f"redis AOF rewrites during the open loop: {rewrites} (last fork {fork_ms:.1f} ms)"
+                )
         finally:
             run.close()
     ok = [r for r in got if "error" not in r]
