@@ -20,7 +20,7 @@ from inferq.shared import keys, lua
 from inferq.shared.jobs import decode_job, pack_field
 from inferq.shared.lua import queue as scripts
 from inferq.shared.queue import Claimed, Entry, Final, QueueClient, shard_of
-from inferq.shared.redis_conn import as_str, register, unavailable
+from inferq.shared.redis_conn import Multiplexed, as_str, register, unavailable
 from inferq.shared.schema import ENTRY_JOB
 
 _ENTRY_JOB = ENTRY_JOB.encode()
@@ -36,6 +36,8 @@ class JobConsumer(QueueClient):
         self._claim = register(redis, lua.source(scripts.CLAIM))
         self._start = register(redis, lua.source(scripts.START))
         self._hand_back = register(redis, lua.source(scripts.HAND_BACK))
+        reads = getattr(redis, "reads", None)  # `redis_conn.MuxRedis`: a worker's own
+        self._reads = reads if isinstance(reads, Multiplexed) else None
 
     @unavailable
     async def ensure_group(self, model: str) -> None:
@@ -66,9 +68,15 @@ class JobConsumer(QueueClient):
             for shard in shards
             for lane in lanes
         }
+        block = None if pending else block_ms
         try:
+            if self._reads is not None:  # redis-py's call costs the worker more than the read
+                blocking = () if block is None else ("BLOCK", block)
+                options = ("GROUP", keys.GROUP, consumer, "COUNT", count, *blocking, "STREAMS")
+                reply = await self._reads.call("XREADGROUP", *options, *streams, *streams.values())
+                return self._raw_entries(reply)
             reply = await self.redis.xreadgroup(
-                keys.GROUP, consumer, streams, count=count, block=None if pending else block_ms
+                keys.GROUP, consumer, streams, count=count, block=block
             )
         except ResponseError as e:
             if "NOGROUP" not in str(e):
@@ -78,6 +86,18 @@ class JobConsumer(QueueClient):
             await self.ensure_group(model)
             return []
         return self._entries(reply)
+
+    @staticmethod
+    def _raw_entries(reply: list[list[Any]] | None) -> list[Entry]:
+        """XREADGROUP's reply as hiredis parses it: per stream, [id, [field, value, ...]]
+        per entry (None for a deleted entry still in the PEL), or None if nothing came."""
+        entries: list[Entry] = []
+        for stream, items in reply or ():
+            name = stream.decode()
+            for entry_id, flat in items:
+                fields = dict(zip(flat[::2], flat[1::2], strict=True)) if flat else {}
+                entries.append(Entry(name, entry_id.decode(), fields.get(_ENTRY_JOB, b"").decode()))
+        return entries
 
     @staticmethod
     def _entries(reply: object) -> list[Entry]:

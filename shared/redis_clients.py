@@ -255,7 +255,7 @@ def worker_client(
             _via_sentinels(url, sentinels, sentinel_master, SentinelConnectionPool, **policy)
         )
     client = fast_packing(MuxRedis.from_url(url, **policy, **_tls_kwargs(url)))
-    return multiplexed(client, retries=0) if multiplex and _over_tcp(url) else client
+    return multiplexed(client, retries=0, reads=True) if multiplex and _over_tcp(url) else client
 
 
 def sibling(redis: Redis) -> Redis:

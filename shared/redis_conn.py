@@ -336,7 +336,10 @@ class _Link(asyncio.Protocol):
 
 
 class Multiplexed:
-    """`await mux.call(*command)`: its reply, over the one connection (made on first use)."""
+    """`await mux.call(*command)`: its reply, over the one connection (made on first use).
+    `drop_on_cancel`, for one caller's blocking reads: a cancelled call closes the connection,
+    as redis-py's does, so the server gives up the read instead of delivering its entries to
+    a caller that is gone (they would sit in the consumer's pending list)."""
 
     def __init__(
         self,
@@ -347,16 +350,19 @@ class Multiplexed:
         timeout_s: float | None = None,
         connect_timeout_s: float | None = None,
         retries: int = 0,
+        drop_on_cancel: bool = False,
     ) -> None:
         self.host, self.port = host, port
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
-        self.retries = retries
+        self.retries, self.drop_on_cancel = retries, drop_on_cancel
         self._hello = list(hello)  # AUTH, SELECT: sent first on each connection
         self._link: _Link | None = None
         self._connecting: asyncio.Lock | None = None
 
     @classmethod
-    def of(cls, connection: dict[str, Any], *, retries: int) -> Multiplexed:
+    def of(
+        cls, connection: dict[str, Any], *, retries: int, drop_on_cancel: bool = False
+    ) -> Multiplexed:
         """For the server a redis-py pool's `connection_kwargs` describe: its credentials,
         database and timeouts."""
         hello: list[tuple[Any, ...]] = []
@@ -372,6 +378,7 @@ class Multiplexed:
             timeout_s=connection.get("socket_timeout"),
             connect_timeout_s=connection.get("socket_connect_timeout"),
             retries=retries,
+            drop_on_cancel=drop_on_cancel,
         )
 
     async def call(self, *command: Any) -> Any:
@@ -381,7 +388,12 @@ class Multiplexed:
                 link = self._link
                 if link is None or link.lost is not None:
                     link = await self._connect()
-                return await link.send(packed)
+                try:
+                    return await link.send(packed)
+                except asyncio.CancelledError:
+                    if self.drop_on_cancel:
+                        link.close()
+                    raise
             except (RedisConnectionError, RedisTimeoutError):
                 if attempt == self.retries:
                     raise
@@ -422,20 +434,27 @@ class Multiplexed:
 
 class MuxRedis(Redis):
     """A plain client that also holds a `Multiplexed` connection to its server (`mux`), for
-    `register`'s scripts; closing the client closes it."""
+    `register`'s scripts, and for a worker a second one (`reads`) for its queue reads, which
+    block: on `mux` a BLOCK would hold up every script behind it. Closing the client closes
+    them."""
 
     mux: Multiplexed | None = None
+    reads: Multiplexed | None = None
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
         await super().aclose(close_connection_pool)
-        if self.mux is not None:
-            await self.mux.aclose()
+        for link in (self.mux, self.reads):
+            if link is not None:
+                await link.aclose()
 
 
-def multiplexed(client: MuxRedis, *, retries: int) -> MuxRedis:
+def multiplexed(client: MuxRedis, *, retries: int, reads: bool = False) -> MuxRedis:
     """`client` with a `mux` to the server its pool connects to (one server, plain TCP: the
-    caller's to know), with its pool's credentials and timeouts."""
-    client.mux = Multiplexed.of(client.connection_pool.connection_kwargs, retries=retries)
+    caller's to know), with its pool's credentials and timeouts; and `reads` if asked for
+    (never retried: a read that reached the server delivered its entries)."""
+    kwargs = client.connection_pool.connection_kwargs
+    client.mux = Multiplexed.of(kwargs, retries=retries)
+    client.reads = Multiplexed.of(kwargs, retries=0, drop_on_cancel=True) if reads else None
     return client
 
 

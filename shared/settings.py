@@ -153,8 +153,9 @@ class Settings(BaseSettings):
         True,
         description="The queue's scripts (submit, claim, start, finish) share one connection per "
         "process, commands of one event-loop turn in one write: a fraction of a pooled call's "
-        "client CPU. Used with a redis:// URL of one server (not Sentinel, Cluster, TLS or a "
-        "socket); false: every call takes a pooled connection.",
+        "client CPU; a worker's reads (they block) take a second one of their own. Used with a "
+        "redis:// URL of one server (not Sentinel, Cluster, TLS or a socket); false: every call "
+        "takes a pooled connection.",
     )
     redis_sentinels: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

@@ -45,11 +45,12 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
 
 @pytest.fixture(params=["pooled", "multiplexed"])
 async def queue(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[JobQueue]:
-    """The broker client over the session's Redis (flushed for this test): its scripts on
-    pooled connections, and on one multiplexed connection as the processes run them."""
+    """The broker client over the session's Redis (flushed for this test): its scripts and
+    reads on pooled connections, and on multiplexed ones as the processes run them (scripts
+    on one, a worker's reads on another)."""
     r = MuxRedis.from_url(redis_url)
     if request.param == "multiplexed":
-        multiplexed(r, retries=0)
+        multiplexed(r, retries=0, reads=True)
     yield JobQueue(r, result_ttl_s=60)
     await r.aclose()
 

@@ -175,12 +175,63 @@ async def test_credentials_and_database_come_from_the_url() -> None:
 
 
 def test_only_a_plain_tcp_client_gets_a_connection_to_share() -> None:
+    """And only a worker's gets a second, for its reads."""
     plain = api_client("redis://127.0.0.1:6390/0", timeout_s=1, pool_size=2, multiplex=True)
     off = api_client("redis://127.0.0.1:6390/0", timeout_s=1, pool_size=2, multiplex=False)
     tls = api_client("rediss://127.0.0.1:6390/0", timeout_s=1, pool_size=2, multiplex=True)
     sock = worker_client("unix:///tmp/none.sock", block_ms=100, multiplex=True)
-    assert isinstance(plain, MuxRedis) and plain.mux is not None
+    worker = worker_client("redis://127.0.0.1:6390/0", block_ms=100, multiplex=True)
+    assert isinstance(plain, MuxRedis) and plain.mux is not None and plain.reads is None
+    assert isinstance(worker, MuxRedis) and worker.mux is not None and worker.reads is not None
+    assert worker.reads.timeout_s is not None and worker.reads.timeout_s > 0.1  # past a BLOCK
     for client in (off, tls, sock):
-        assert getattr(client, "mux", None) is None
+        assert getattr(client, "mux", None) is None and getattr(client, "reads", None) is None
     script = register(off, "return 1")
     assert not isinstance(script, MuxScript)
+
+
+async def test_a_cancelled_blocking_read_is_given_up_on_a_workers_read_connection(
+    redis_url: str,
+) -> None:
+    """A worker's reads go on a connection that a cancelled call closes (`drop_on_cancel`),
+    as redis-py's does: the server drops the blocked XREADGROUP, so an entry added after is
+    read by the next call. On a shared connection the server would keep the read and deliver
+    the entry to a caller that is gone, into the consumer's pending list, and the next read
+    of new entries would find nothing."""
+    r = redis.asyncio.Redis.from_url(redis_url)
+    kwargs = r.connection_pool.connection_kwargs | {"socket_timeout": 10}
+
+    def read(block: tuple[str, int] | tuple[()] = ()) -> tuple[object, ...]:
+        return ("XREADGROUP", "GROUP", "g", "c", "COUNT", 1, *block, "STREAMS", "s", ">")
+
+    async def blocked(n: int) -> None:
+        for _ in range(500):
+            if int((await r.info("clients"))["blocked_clients"]) == n:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"not {n} blocked clients within 5 s")
+
+    async def cancel_a_blocked_read(link: Multiplexed) -> None:
+        call = asyncio.ensure_future(link.call(*read(("BLOCK", 5000))))
+        await blocked(1)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+    try:
+        await r.xgroup_create("s", "g", id="0", mkstream=True)
+        reads = Multiplexed.of(kwargs, retries=0, drop_on_cancel=True)
+        await cancel_a_blocked_read(reads)
+        await blocked(0)
+        await r.xadd("s", {"job": "j1"})
+        assert (await reads.call(*read()))[0][1][0][1] == [b"job", b"j1"]
+        await reads.aclose()
+
+        shared = Multiplexed.of(kwargs, retries=0)  # the scripts' kind: a cancel closes nothing
+        await cancel_a_blocked_read(shared)
+        await r.xadd("s", {"job": "j2"})
+        assert await shared.call(*read()) is None  # j2 went to the cancelled read
+        assert (await r.xpending("s", "g"))["pending"] == 2
+        await shared.aclose()
+    finally:
+        await r.aclose()

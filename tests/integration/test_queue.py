@@ -377,3 +377,25 @@ async def test_a_batch_on_a_dead_connection_fails_every_call_as_unavailable() ->
     results = await asyncio.gather(*(q.submit(j) for j in jobs), return_exceptions=True)
     assert all(isinstance(r, QueueUnavailable) for r in results), results
     await dead.aclose()
+
+
+async def test_a_read_times_out_empty_keeps_a_deleted_pending_entry_and_recreates_its_group(
+    queue: JobQueue,
+) -> None:
+    """XREADGROUP's edges, on either connection a worker may read on: nothing after its
+    BLOCK; an entry deleted while pending reads back with no job (the caller acks it); a
+    stream that vanished (flushed, evicted) answers NOGROUP, which recreates the group."""
+    await queue.ensure_group("echo")
+    assert await queue.read("echo", "c1", count=10, block_ms=50) == []
+    await queue.submit(Job(id="r1", model="echo", inputs=["a"]))
+    (entry,) = await queue.read("echo", "c1", count=10, block_ms=100)
+    assert entry.job_id == "r1" and entry.stream == keys.stream("echo")
+    await queue.redis.xdel(entry.stream, entry.entry_id)
+    (gone,) = await queue.read("echo", "c1", count=10, block_ms=None, pending=True)
+    assert (gone.stream, gone.entry_id, gone.job_id) == (entry.stream, entry.entry_id, "")
+    await queue.redis.delete(*queue.streams("echo"))
+    assert await queue.read("echo", "c1", count=10, block_ms=50) == []  # NOGROUP: recreated
+    groups = await queue.redis.xinfo_groups(keys.stream("echo"))
+    assert [g["name"] for g in groups] == [keys.GROUP.encode()]
+    await queue.submit(Job(id="r2", model="echo", inputs=["b"]))
+    assert [e.job_id for e in await queue.read("echo", "c1", count=10, block_ms=100)] == ["r2"]
