@@ -93,11 +93,8 @@ def _service(n: Notifier, r: fakeredis.FakeAsyncRedis) -> JobService:
     return JobService(settings, JobQueue(r, result_ttl_s=60), n, metrics, checks)
 
 
-async def test_wait_after_submit_skips_the_first_read(
-    parts: tuple[Notifier, fakeredis.FakeAsyncRedis],
-) -> None:
-    n, r = parts
-    service = _service(n, r)
+def _count_reads(service: JobService) -> list[str]:
+    """The ids `service` reads from Redis from now on, in order."""
     reads: list[str] = []
     real_get = service.get
 
@@ -106,6 +103,15 @@ async def test_wait_after_submit_skips_the_first_read(
         return await real_get(job_id, tenant, listen=listen)
 
     service.get = counting_get  # type: ignore[method-assign]
+    return reads
+
+
+async def test_wait_after_submit_skips_the_first_read(
+    parts: tuple[Notifier, fakeredis.FakeAsyncRedis],
+) -> None:
+    n, r = parts
+    service = _service(n, r)
+    reads = _count_reads(service)
     job = Job(id="j2", model="echo", inputs=["x"])
     await r.hset(keys.job("j2"), mapping=encode_submit(job))
     queued = await service.wait("j2", 0.0, submitted=job)
@@ -184,14 +190,7 @@ async def test_a_quick_answer_never_watches_its_client_and_a_slow_one_does(
     n, r = parts
     service = _service(n, r)
     calls: list[str] = []
-    reads: list[str] = []
-    real_get = service.get
-
-    async def counting_get(job_id: str, tenant: str = "", *, listen: bool = False) -> Job:
-        reads.append(job_id)
-        return await real_get(job_id, tenant, listen=listen)
-
-    service.get = counting_get  # type: ignore[method-assign]
+    reads = _count_reads(service)
 
     async def already_left() -> None:
         calls.append("gone")  # the server kept the disconnect: this returns at once
