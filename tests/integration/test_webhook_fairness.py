@@ -54,12 +54,15 @@ class Tarpit:
         return f"http://127.0.0.1:{self.sock.getsockname()[1]}/hook"
 
     def _accept(self) -> None:
-        while not self.closing:
+        while True:
             try:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
             with self.lock:
+                if self.closing:  # accepted as `close` ran: it is not in `conns` to close
+                    conn.close()
+                    return
                 self.accepted += 1
                 self.open += 1
                 self.max_open = max(self.max_open, self.open)
@@ -76,11 +79,11 @@ class Tarpit:
             self.open -= 1
 
     def close(self) -> None:
-        self.closing = True
-        self.sock.close()
-        with self.lock:
+        with self.lock:  # every connection is in `conns` (closed here) or sees `closing`
+            self.closing = True
             for conn in self.conns:
                 conn.close()
+        self.sock.close()
 
 
 class Live:
