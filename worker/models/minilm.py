@@ -28,10 +28,10 @@ from inferq.worker.models.base import (
     TextModel,
     unknown_parameters,
 )
+from inferq.worker.models.tokens import TextTokenizer
 
 if TYPE_CHECKING:
     import torch
-    from tokenizers import Tokenizer
 
 log = logging.getLogger("inferq.worker")
 
@@ -54,7 +54,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def load_tokenizer(path: Path, max_length: int | None) -> tuple[Tokenizer, int]:
+def load_tokenizer(path: Path, max_length: int | None) -> tuple[TextTokenizer, int]:
     """The model dir's tokenizer without its baked-in padding, truncating at `max_length`.
 
     Returns the tokenizer and the pad token id. Shared by the torch and ONNX backends.
@@ -67,15 +67,15 @@ def load_tokenizer(path: Path, max_length: int | None) -> tuple[Tokenizer, int]:
     pad_id = int(padding.get("pad_id", tokenizer.token_to_id("[PAD]") or 0))
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length or _NO_LIMIT)
-    return tokenizer, pad_id
+    return TextTokenizer(tokenizer), pad_id
 
 
-def encode(tokenizer: Tokenizer, inputs: list[str]) -> list[Prepared]:
+def encode(tokenizer: TextTokenizer, inputs: list[str]) -> list[Prepared]:
     """One item per input: its token ids (int64), costing its token count."""
     try:
-        # `_fast` skips the character offsets, which nothing here reads: the same ids for
-        # 13-33 % less tokenizer CPU here (docs/benchmarks.md, "The tokenizer without offsets").
-        encodings = tokenizer.encode_batch_fast(inputs)
+        # Without character offsets, which nothing here reads: the same ids for 13-33 % less
+        # tokenizer CPU here (docs/benchmarks.md, "The tokenizer without offsets").
+        encodings = tokenizer.encode(inputs)
     except (TypeError, ValueError) as e:
         raise ModelError(f"cannot tokenize input: {e}") from e
     return [Prepared(len(e.ids), np.asarray(e.ids, dtype=np.int64)) for e in encodings]
@@ -94,7 +94,7 @@ def pad_batch(batch: list[Any], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
 class Tokenized(TextModel):
     """A text model whose items are token ids from a `tokenizers` tokenizer (set in `load`)."""
 
-    _tokenizer: Tokenizer | None = None
+    _tokenizer: TextTokenizer | None = None
 
     def prepare(self, inputs: list[Input], parameters: Mapping[str, Any]) -> list[Prepared]:
         if unknown := unknown_parameters(parameters, self.parameters):
@@ -146,7 +146,7 @@ class MiniLM(Tokenized):
         # Read here rather than in load() so the worker can size things before loading.
         self.dim: int = int(config["hidden_size"])
         self.max_cost: int | None = self._max_length(config)
-        self._tokenizer: Tokenizer | None = None
+        self._tokenizer: TextTokenizer | None = None
         self._model: torch.nn.Module | None = None
         self._device: torch.device | None = None
         self._pad_id = 0

@@ -29,10 +29,10 @@ from inferq.worker.models.onnx_session import (
     session,
     write_atomic,
 )
+from inferq.worker.models.tokens import TextTokenizer
 
 if TYPE_CHECKING:
     import onnxruntime
-    from tokenizers import Tokenizer
 
 log = logging.getLogger("inferq.worker")
 
@@ -169,7 +169,7 @@ class MiniLMOnnx(Tokenized):
         self.exported = False  # True when load() had to export (cache miss)
         self.provider = ""
         self._session: onnxruntime.InferenceSession | None = None
-        self._tokenizer: Tokenizer | None = None
+        self._tokenizer: TextTokenizer | None = None
         self._pad_id = 0
 
     def load(self, device: str) -> None:

@@ -55,15 +55,16 @@ def test_the_registry_builds_it_by_name() -> None:
 
 
 def test_the_ids_are_what_the_full_encoding_gives(model: MiniLMNull) -> None:
-    """`encode` skips the offsets (`encode_batch_fast`); the ids must be the full encoding's,
-    truncation and accents included."""
+    """`encode` skips the offsets (`encode_batch_fast`) and takes plain ASCII through a twin
+    without the normalizer (`TextTokenizer`); the ids must be the full encoding's by the
+    tokenizer as loaded, truncation and accents included."""
     from inferq.bench import corpus
 
     long = " ".join(["tokenization"] * 2 * model.max_cost)
     texts = [*TEXTS, "Crème brûlée, 東京, emoji 🙂", long, *corpus.load("short")[:200]]
     tokenizer = model._tokenizer
     assert tokenizer is not None
-    want = [e.ids for e in tokenizer.encode_batch(texts)]
+    want = [e.ids for e in tokenizer.tokenizer.encode_batch(texts)]
     got = model.encode_texts(texts)
     assert [list(p.payload) for p in got] == want
     assert [p.cost for p in got] == [len(w) for w in want]
