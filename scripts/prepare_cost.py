@@ -2,8 +2,10 @@
 the jobs of a claim (minilm's tokenizer, the `short` corpus, one input a job), side by side
 in one run and alternated, medians: wall µs per job (how long the prepare thread holds the
 claim) and CPU µs per job (process time: the tokenizer's own threads count too). Then the
-tokenizer's two batch calls on the same texts, one after the other: `encode_batch` (with character
-offsets) against `encode_batch_fast` (without: what `minilm.encode` calls).
+tokenizer's batch calls on the same texts, one after the other: `encode_batch` (with character
+offsets) against `encode_batch_fast` (without), both by the tokenizer as loaded, and
+`TextTokenizer.encode` (without offsets, plain ASCII through the twin without BERT's
+normalizer: what `minilm.encode` calls).
 
 Run: .venv/bin/python scripts/prepare_cost.py [--jobs 1,8,32,128] [--rounds 200]
 """
@@ -37,15 +39,21 @@ def main() -> None:
         one = _median(lambda js=jobs: [model.prepare(i, p) for i, p in js], n, args.rounds)
         many = _median(lambda js=jobs: model.prepare_many(js), n, args.rounds)
         print(f"| {n} | {one[0]:.1f} / {one[1]:.1f} | {many[0]:.1f} / {many[1]:.1f} |")
-    tokenizer = model._tokenizer
-    assert tokenizer is not None
-    print("\n| texts a call | encode_batch: wall / CPU µs per text | encode_batch_fast |")
-    print("|---|---|---|")
+    tokens = model._tokenizer
+    assert tokens is not None
+    tokenizer = tokens.tokenizer
+    print(
+        "\n| texts a call | encode_batch: wall / CPU µs per text | encode_batch_fast"
+        " | TextTokenizer.encode |"
+    )
+    print("|---|---|---|---|")
     for n in (int(j) for j in args.jobs.split(",")):
         batch = [texts[i % len(texts)] for i in range(n)]
         full = _median(lambda b=batch: tokenizer.encode_batch(b), n, args.rounds)
         fast = _median(lambda b=batch: tokenizer.encode_batch_fast(b), n, args.rounds)
-        print(f"| {n} | {full[0]:.1f} / {full[1]:.1f} | {fast[0]:.1f} / {fast[1]:.1f} |")
+        twin = _median(lambda b=batch: tokens.encode(b), n, args.rounds)
+        cells = " | ".join(f"{w:.1f} / {c:.1f}" for w, c in (full, fast, twin))
+        print(f"| {n} | {cells} |")
 
 
 def _median(run: Callable[[], object], n: int, rounds: int) -> tuple[float, float]:

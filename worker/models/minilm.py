@@ -78,7 +78,8 @@ def encode(tokenizer: TextTokenizer, inputs: list[str]) -> list[Prepared]:
         encodings = tokenizer.encode(inputs)
     except (TypeError, ValueError) as e:
         raise ModelError(f"cannot tokenize input: {e}") from e
-    return [Prepared(len(e.ids), np.asarray(e.ids, dtype=np.int64)) for e in encodings]
+    # `ids` builds a new list on each read: read once.
+    return [Prepared(len(ids), np.array(ids, dtype=np.int64)) for ids in (e.ids for e in encodings)]
 
 
 def pad_batch(batch: list[Any], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
