@@ -7,8 +7,10 @@ without BERT's normalizer"). On ASCII text free of control characters each of it
 lowercasing is the identity: nothing to clean, no CJK, NFD leaves ASCII as it is and leaves
 no accent marks to strip. So such texts are lowercased here (Python's `str.lower` and Rust's
 agree on ASCII) and tokenized by a twin of the tokenizer that has no normalizer: the same
-pre-tokenizer, vocabulary, truncation and special tokens, so the same ids. Any other text
-goes through the tokenizer as loaded.
+pre-tokenizer, vocabulary, truncation and special tokens, so the same ids. Added tokens
+matched before normalization (`[MASK]`, `[SEP]`: `normalized: false`) are matched case and
+all in the text as given, which the twin would see lowercased, so a text that holds one in
+any case goes the long way too, as does any other text.
 """
 
 from __future__ import annotations
@@ -23,10 +25,6 @@ if TYPE_CHECKING:
 # ASCII's control characters but the three BERT treats as whitespace (tab, newline, return):
 # the normalizer deletes these, where a tokenizer without it would split at some of them.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-
-
-def _plain(text: str) -> bool:
-    return text.isascii() and _CONTROL.search(text) is None
 
 
 class TextTokenizer:
@@ -46,14 +44,22 @@ class TextTokenizer:
             self.twin = Tokenizer.from_str(tokenizer.to_str())
             self.twin.normalizer = None
             self.lowercase = bool(normalizer.get("lowercase", True))
+        raw = [t["content"] for t in spec.get("added_tokens", []) if not t.get("normalized")]
+        self._raw_tokens = re.compile("|".join(map(re.escape, raw)), re.IGNORECASE) if raw else None
+
+    def plain(self, text: str) -> bool:
+        """Whether the twin gives `text` the loaded tokenizer's ids."""
+        if not text.isascii() or _CONTROL.search(text):
+            return False
+        return self._raw_tokens is None or self._raw_tokens.search(text) is None
 
     def encode(self, texts: list[str]) -> list[Encoding]:
         """One encoding per text, in order, without character offsets (`encode_batch_fast`)."""
         if self.twin is None:
             return self.tokenizer.encode_batch_fast(texts)
-        if _plain("".join(texts)):  # the usual case, checked in one pass
+        if self.plain("".join(texts)):  # the usual case, checked in one pass
             return self.twin.encode_batch_fast(self._fold(texts))
-        flags = [_plain(t) for t in texts]
+        flags = [self.plain(t) for t in texts]
         if not any(flags):
             return self.tokenizer.encode_batch_fast(texts)
         out: list[Encoding | None] = [None] * len(texts)

@@ -22,10 +22,14 @@ ALPHABET = st.one_of(
     st.characters(max_codepoint=0x7F),
     st.sampled_from(list("éÉçñÅ中文字\u00a0\u3000\u200b\u0085\ufffdﬁİß")),
 )
+# minilm's added tokens, matched in the text as given (`normalized: false`), in three cases.
+SPECIAL = ["[MASK]", "[mask]", "[Sep]", "[CLS]", "[unk]", "[PAD]"]
 # Words with any of those between them: a character the normalizer deletes joins two words,
 # one it reads as a space splits them, so what sits between words is what differs.
 TEXT = st.lists(
-    st.one_of(st.sampled_from(["hello", "World", "tokenization", "ab", "x", "42"]), ALPHABET),
+    st.one_of(
+        st.sampled_from(["hello", "World", "tokenization", "ab", "x", "42", *SPECIAL]), ALPHABET
+    ),
     max_size=12,
 ).map("".join)
 
@@ -81,6 +85,18 @@ def test_every_ascii_character_between_words_and_at_the_ends(
     assert _ids(tokens.encode(texts)) == _ids(reference.encode_batch_fast(texts))
     for text in texts:  # one at a time too: a batch of one takes the one-pass check
         assert _ids(tokens.encode([text])) == _ids(reference.encode_batch_fast([text]))
+
+
+def test_added_tokens_in_any_case_get_the_loaded_tokenizers_ids(
+    reference: Tokenizer, tokens: TextTokenizer
+) -> None:
+    """`[MASK]` as given is one token; lowercased first, as the twin would see it, it is three."""
+    texts = [f"a {t} b" for t in SPECIAL] + [t + t for t in SPECIAL] + ["[MA", "SK]"]
+    assert _ids(tokens.encode(texts)) == _ids(reference.encode_batch_fast(texts))
+    for text in texts:
+        assert _ids(tokens.encode([text])) == _ids(reference.encode_batch_fast([text]))
+    assert tokens.encode(["a [MASK] b"])[0].ids[2] == reference.token_to_id("[MASK]")
+    assert not tokens.plain("a [mask] b") and tokens.plain("a [mas k] b")
 
 
 def test_the_bench_corpus_gets_the_same_ids_through_the_twin(
