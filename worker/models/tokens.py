@@ -1,7 +1,7 @@
 """A `tokenizers` tokenizer with a shortcut for plain ASCII text under BERT's normalizer.
 
 BERT's normalizer (clean the text, space out CJK, strip accents through NFD, lowercase)
-walks every character through Unicode tables with an alignment per character: 35-40 % of
+walks every character through Unicode tables with an alignment per character: 30-47 % of
 minilm's tokenizing time on English text (docs/benchmarks.md, "Tokenizing plain ASCII
 without BERT's normalizer"). On ASCII text free of control characters each of its steps but
 lowercasing is the identity: nothing to clean, no CJK, NFD leaves ASCII as it is and leaves
