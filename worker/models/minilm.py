@@ -73,13 +73,10 @@ def load_tokenizer(path: Path, max_length: int | None) -> tuple[TextTokenizer, i
 def encode(tokenizer: TextTokenizer, inputs: list[str]) -> list[Prepared]:
     """One item per input: its token ids (int64), costing its token count."""
     try:
-        # Without character offsets, which nothing here reads: the same ids for 13-33 % less
-        # tokenizer CPU here (docs/benchmarks.md, "The tokenizer without offsets").
-        encodings = tokenizer.encode(inputs)
+        ids = tokenizer.ids(inputs)
     except (TypeError, ValueError) as e:
         raise ModelError(f"cannot tokenize input: {e}") from e
-    # `ids` builds a new list on each read: read once.
-    return [Prepared(len(ids), np.array(ids, dtype=np.int64)) for ids in (e.ids for e in encodings)]
+    return [Prepared(len(i), np.array(i, dtype=np.int64)) for i in ids]
 
 
 def pad_batch(batch: list[Any], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
