@@ -55,8 +55,8 @@ def test_the_registry_builds_it_by_name() -> None:
 
 
 def test_the_ids_are_what_the_full_encoding_gives(model: MiniLMNull) -> None:
-    """`encode` skips the offsets (`encode_batch_fast`) and takes plain ASCII through a twin
-    without the normalizer (`TextTokenizer`); the ids must be the full encoding's by the
+    """`encode` skips the offsets (`encode_batch_fast`) and makes plain ASCII from its
+    pieces' remembered ids (`TextTokenizer`); the ids must be the full encoding's by the
     tokenizer as loaded, truncation and accents included."""
     from inferq.bench import corpus
 

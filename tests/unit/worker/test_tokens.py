@@ -91,7 +91,7 @@ def test_every_ascii_character_between_words_and_at_the_ends(
 def test_added_tokens_in_any_case_get_the_loaded_tokenizers_ids(
     reference: Tokenizer, tokens: TextTokenizer
 ) -> None:
-    """`[MASK]` as given is one token; lowercased first, as the twin would see it, it is three."""
+    """`[MASK]` as given is one token; lowercased first and cut at its brackets, three."""
     texts = [f"a {t} b" for t in SPECIAL] + [t + t for t in SPECIAL] + ["[MA", "SK]"]
     assert tokens.ids(texts) == _ids(reference.encode_batch_fast(texts))
     for text in texts:
