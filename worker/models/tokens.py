@@ -8,11 +8,11 @@ ASCII text from remembered words"). On ASCII text free of control characters eac
 normalizer's steps but lowercasing is the identity: nothing to clean, no CJK, NFD leaves
 ASCII as it is and leaves no accent marks to strip. On such text the pre-tokenizer cuts at
 whitespace and around each punctuation mark, and WordPiece maps each piece without looking
-at its neighbours, so a text's ids are the special tokens around its pieces' ids, cut to the
-truncation length. Such texts are lowercased here (Python's `str.lower` and Rust's agree on
-ASCII), cut into pieces by one regular expression, and each piece's ids are remembered from
-the first text that had it (one batched call of the tokenizer without its normalizer, its
-truncation or its special tokens). Added tokens matched before normalization (`[MASK]`,
+at its neighbours, so a text's ids are the special tokens around the ids of what lies
+between its whitespace, cut to the truncation length. Such texts are lowercased here
+(Python's `str.lower` and Rust's agree on ASCII) and cut at whitespace, and each piece's ids
+are remembered from the first text that had it (one batched call of the tokenizer without
+its normalizer, its truncation or its special tokens, which cuts around punctuation). Added tokens matched before normalization (`[MASK]`,
 `[SEP]`: `normalized: false`) are matched case and all in the text as given, so a text that
 holds one in any case goes the long way, as does any other text, and any tokenizer whose
 parts are not BERT's.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -30,11 +31,6 @@ if TYPE_CHECKING:
 # ASCII's control characters but the three BERT treats as whitespace (tab, newline, return):
 # the normalizer deletes these, where a tokenizer without it would split at some of them.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-# The pieces BERT's pre-tokenizer cuts plain ASCII into: runs of letters and digits, and each
-# punctuation mark alone (every printable ASCII character that is neither is punctuation).
-# Cutting less would still be exact (the learner pre-tokenizes each piece again); cutting
-# more, or dropping anything but whitespace, would not.
-_PIECES = re.compile(r"[A-Za-z0-9]+|[^\sA-Za-z0-9]")
 # Pieces remembered at most; past it the memory starts again. English text's distinct
 # words fit many times over (docs/benchmarks.md, "Plain ASCII text from remembered words").
 WORDS_MAX = 1 << 16
@@ -112,29 +108,40 @@ class TextTokenizer:
         return out
 
     def _from_pieces(self, texts: list[str]) -> list[list[int]]:
-        words = self.words
+        """Plain texts' ids from their pieces': what lies between whitespace (`str.split`
+        splits plain ASCII where BERT does: tab, newline, return, space). BERT's
+        pre-tokenizer also cuts around punctuation inside a piece, which the learner does
+        when it learns the piece, so cutting only at whitespace is exact."""
         if self.lowercase:
             texts = [t.lower() for t in texts]
-        pieces = [_PIECES.findall(t) for t in texts]
+        pieces = [t.split() for t in texts]
+        try:
+            return self._assemble(pieces)
+        except KeyError:  # a piece not yet learned
+            pass
+        words = self.words
         new = {p for ps in pieces for p in ps if p not in words}
-        if new:
-            if len(words) + len(new) > self.words_max:
-                words.clear()
-                new = {p for ps in pieces for p in ps}
-            self._learn(sorted(new))
-        head, tail, room = self._head, self._tail, self._room
-        out = []
-        for ps in pieces:
-            ids = list(head)
-            for p in ps:
-                ids += words[p]
-            if room is not None and len(ids) > len(head) + room:
-                del ids[len(head) + room :]
-            ids += tail
-            out.append(ids)
+        if len(words) + len(new) > self.words_max:
+            words.clear()
+            new = {p for ps in pieces for p in ps}
+        self._learn(sorted(new))
+        out = self._assemble(pieces)
         for p in new:
             if len(p) > PIECE_MAX:
                 del words[p]
+        return out
+
+    def _assemble(self, pieces: list[list[str]]) -> list[list[int]]:
+        head, tail, room, get = self._head, self._tail, self._room, self.words.__getitem__
+        end = None if room is None else len(head) + room
+        out = []
+        for ps in pieces:
+            ids = head.copy()
+            ids.extend(chain.from_iterable(map(get, ps)))
+            if end is not None and len(ids) > end:
+                del ids[end:]
+            ids += tail
+            out.append(ids)
         return out
 
     def _learn(self, pieces: list[str]) -> None:
