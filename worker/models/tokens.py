@@ -12,10 +12,10 @@ at its neighbours, so a text's ids are the special tokens around the ids of what
 between its whitespace, cut to the truncation length. Such texts are lowercased here
 (Python's `str.lower` and Rust's agree on ASCII) and cut at whitespace, and each piece's ids
 are remembered from the first text that had it (one batched call of the tokenizer without
-its normalizer, its truncation or its special tokens, which cuts around punctuation). Added tokens matched before normalization (`[MASK]`,
-`[SEP]`: `normalized: false`) are matched case and all in the text as given, so a text that
-holds one in any case goes the long way, as does any other text, and any tokenizer whose
-parts are not BERT's.
+its normalizer, its truncation or its special tokens, which cuts around punctuation). Added
+tokens matched before normalization (`[MASK]`, `[SEP]`: `normalized: false`) are matched
+case and all in the text as given, so a text that holds one in any case goes the long way,
+as does any other text, and any tokenizer whose parts are not BERT's.
 """
 
 from __future__ import annotations
