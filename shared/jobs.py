@@ -16,7 +16,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import msgpack
@@ -368,10 +368,35 @@ def decode_published(payload: bytes) -> Job | None:
         return None
 
 
-def published_job(payload: bytes | None, job_id: str, tenant: str) -> Job | None:
-    """The final job a completion message carried (`Notifier.watch`'s result), if it is `tenant`'s
-    `job_id`; None: read it back instead (the read applies the tenant check)."""
-    job = decode_published(payload) if payload else None
-    if job is None or job.id != job_id or job.tenant != tenant or not job.status.is_final:
+def published_job(payload: bytes | None, known: Job) -> Job | None:
+    """The final job a completion message describes (`Notifier.watch`'s result), laid over
+    `known`: the job as this waiter last read or created it. The message carries only what
+    FINISH wrote and the fields the job's worker wrote while it ran (started, attempts,
+    progress: `scripts.FINISH`), so the final job is `known` with those, less its inputs, as
+    the final record is. None: read it back instead (no message, 'final', or undecodable)."""
+    if not payload:
         return None
-    return job
+    try:
+        flat = msgpack.unpackb(payload, raw=True)
+        pairs = zip(flat[::2], flat[1::2], strict=True)
+        f = {k.decode(): msgpack.unpackb(v, raw=False) for k, v in pairs}
+        status = _STATUSES[f[F.STATUS]]
+        if not status.is_final:
+            return None
+        err, outputs = f.get(F.ERROR), f.get(F.OUTPUTS)
+        return replace(
+            known,
+            inputs=[],
+            status=status,
+            started_ms=f.get(F.STARTED_MS, known.started_ms),
+            finished_ms=f.get(F.FINISHED_MS),
+            attempts=f.get(F.ATTEMPTS, known.attempts),
+            items_done=f.get(F.ITEMS_DONE, known.items_done),
+            batch_size=f.get(F.BATCH_SIZE, 0),
+            batch_tokens=f.get(F.BATCH_TOKENS, 0),
+            worker=f.get(F.WORKER, known.worker),
+            outputs=None if outputs is None else decode_outputs(outputs),
+            error=None if err is None else JobError(_code(err["code"]), err["message"]),
+        )
+    except (CodecError, KeyError, TypeError, ValueError, AttributeError, msgpack.UnpackException):
+        return None

@@ -21,7 +21,7 @@ read and written outside scripts and need no tag. On one Redis the tags change n
 | `idempotency(t, h, model, shard)`| string  | job id for (tenant, key hash), `idempotency_ttl_s` |
 | `GROUP`                          | group   | consumer group on each stream               |
 | `job(job_id)`                    | hash    | `result_ttl_s` once final, else until final |
-| `done_channel(job_id[, listener])` | pub/sub | message = the final record (or "final"); with `listener`: to that API process only |
+| `done_channel(job_id[, listener])` | pub/sub | message = the fields FINISH wrote and the worker's progress fields (or "final"); with `listener`: to that API process only |
 | `listener_pattern(listener)`     | pattern | what an API process subscribes to: its own jobs' completions |
 | `DONE_PATTERN`                   | pattern | every completion (tools and tests)          |
 | `workers(model)`                 | zset    | member = worker id, score = beat expiry ms  |

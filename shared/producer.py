@@ -18,8 +18,9 @@ reads it to wait, `JobProducer.get(listen=True)`), so N API processes do not eac
 every completion. Pub/sub is at-most-once (a message published while it reconnects is
 gone), so a waiter registers first, then reads the job record, re-reads on a timer, and every
 waiter is woken to re-read after each (re)subscribe: a missed message can delay, never lose,
-a result. A message usually carries the final record (FINISH's): the waiter's future
-resolves with it, no read back. The last `RECENT` completions are remembered, so a caller
+a result. A message usually carries what FINISH wrote (and the worker's progress fields):
+the waiter lays it over the job as it last read or created it (`jobs.published_job`), no
+read back. The last `RECENT` completions are remembered, so a caller
 that has just submitted can skip the first read. The subscription is a supervised loop
 (`inferq.shared.supervise`, SURVIVE, loop `notifier`): a drop is counted, logged once per
 outage, resubscribed with backoff.

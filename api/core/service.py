@@ -470,14 +470,14 @@ class JobService:
                         # completion that came meanwhile (`Notifier.watch`).
                         grace = gone is not None and watch_from < now + recheck
                         until = watch_from if grace else now + recheck
-                        published = await self._published(fut, until, job_id, tenant)
+                        published = await self._published(fut, until, job)
                         submitted = job if grace and fut.cancelled() else None
                         continue
                     await asyncio.wait(
                         (fut, left), timeout=recheck, return_when=asyncio.FIRST_COMPLETED
                     )
                     if fut.done():  # the completion first, even if the client left meanwhile
-                        published = published_job(fut.result(), job_id, tenant)
+                        published = published_job(fut.result(), job)
                     elif left.done():
                         return None
                 finally:
@@ -487,11 +487,10 @@ class JobService:
                 left.cancel()
 
     @staticmethod
-    async def _published(
-        fut: asyncio.Future[bytes | None], until: float, job_id: str, tenant: str
-    ) -> Job | None:
-        """The final job a completion message carried, if one comes by `until` (loop time)."""
+    async def _published(fut: asyncio.Future[bytes | None], until: float, job: Job) -> Job | None:
+        """The final job a completion message described, if one comes by `until` (loop time):
+        `job`, which this wait read or created, as it ended."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(until):
-                return published_job(await fut, job_id, tenant)
+                return published_job(await fut, job)
         return None

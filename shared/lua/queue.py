@@ -239,14 +239,16 @@ end
 # can be lost between the final write and a later call. The acks ride in the same script:
 # one round trip, atomic, and no MULTI (whose script pre-check costs another trip).
 # Inputs are dropped from the record unless keep_inputs: a finished job holds its outcome.
-# The completion message carries the final record (inputs left out) when it is small, so
-# a waiting API answers without reading it back; otherwise it says 'final'.
+# The completion message carries the fields written here and the worker's progress fields
+# (`PROGRESS`) when they are small, so a waiting API answers without reading the record
+# back (it has the rest); otherwise it says 'final'.
 FINISH = (
     _WANTS
     + """
 local now = tonumber(ARGV[3])
 local PUBLISH_MAX = 262144
 local BIG_OUTPUTS = 8192
+local PROGRESS = {F.started_ms, F.attempts, F.items_done}  -- written by the job's worker
 local function cache_drop(k)
   local size = redis.call('HGET', KEYS[6], k)
   if size then
@@ -273,6 +275,35 @@ local function cache_put(spec, value)
     held = tonumber(redis.call('GET', KEYS[7]) or '0')
   end
 end
+-- The record without its inputs, packed: a webhook's delivery carries it. Large outputs
+-- this call brought are not read back: every value read into Lua is copied and hashed whole
+-- (~1 us a KiB; 32 vectors are 49 KiB), so the rest is read by name and the outputs added
+-- from the argument. Small ones: one HGETALL is cheaper than naming the fields.
+local function record_without_inputs(key, outputs)
+  local flat = {}
+  if outputs and #outputs > BIG_OUTPUTS then
+    local wanted = {}
+    for _, name in ipairs(redis.call('HKEYS', key)) do
+      if name ~= F.inputs and name ~= F.outputs then wanted[#wanted + 1] = name end
+    end
+    local values = redis.call('HMGET', key, unpack(wanted))
+    for j = 1, #wanted do
+      flat[#flat + 1] = wanted[j]
+      flat[#flat + 1] = values[j]
+    end
+    flat[#flat + 1] = F.outputs
+    flat[#flat + 1] = outputs
+  else
+    local all = redis.call('HGETALL', key)
+    for j = 1, #all, 2 do
+      if all[j] ~= F.inputs then
+        flat[#flat + 1] = all[j]
+        flat[#flat + 1] = all[j + 1]
+      end
+    end
+  end
+  return cmsgpack.pack(flat)
+end
 local function release(counter, packed)
   if packed and redis.call('DECRBY', counter, cmsgpack.unpack(packed)) < 0 then
     redis.call('SET', counter, 0)
@@ -295,7 +326,7 @@ for i = 8 + ns, #KEYS, 4 do
   a = last + 1
   local h = redis.call(
     'HMGET', key, F.status, F.items, F.bytes, F.quota, F.id, F.cache, F.webhook, F.result_ttl,
-    F.listeners
+    F.listeners, F.started_ms, F.attempts, F.items_done
   )
   local status = h[1] and cmsgpack.unpack(h[1])
   if not h[1] then
@@ -327,37 +358,22 @@ for i = 8 + ns, #KEYS, 4 do
       if outputs then cache_put(cmsgpack.unpack(h[6]), outputs) end
     end
     if ARGV[5] ~= '1' then redis.call('HDEL', key, F.inputs) end
-    -- The record without its inputs (never in a message). Large outputs this call brought
-    -- are not read back: every value read into Lua is copied and hashed whole (~1 us a KiB;
-    -- 32 vectors are 49 KiB), so the rest is read by name and the outputs added from the
-    -- argument. Small ones: one HGETALL is cheaper than naming the fields.
-    local flat, skip = {}, outputs and #outputs > BIG_OUTPUTS
-    if skip then
-      local wanted = {}
-      for _, name in ipairs(redis.call('HKEYS', key)) do
-        if name ~= F.inputs and name ~= F.outputs then wanted[#wanted + 1] = name end
-      end
-      local values = redis.call('HMGET', key, unpack(wanted))
-      for j = 1, #wanted do
-        flat[#flat + 1] = wanted[j]
-        flat[#flat + 1] = values[j]
-      end
-      flat[#flat + 1] = F.outputs
-      flat[#flat + 1] = outputs
-    else
-      local all = redis.call('HGETALL', key)
-      for j = 1, #all, 2 do
-        if all[j] ~= F.inputs then
-          flat[#flat + 1] = all[j]
-          flat[#flat + 1] = all[j + 1]
-        end
-      end
-    end
-    local packed = cmsgpack.pack(flat)
     if h[7] and wants(cmsgpack.unpack(h[7]), final) then
-      redis.call('XADD', KEYS[4], '*', D.job, id, D.record, packed)
+      redis.call('XADD', KEYS[4], '*', D.job, id, D.record, record_without_inputs(key, outputs))
       redis.call('INCR', KEYS[i + 3])
     end
+    -- What this call wrote, after what the worker wrote while the job ran: every waiter
+    -- holds the record as it was queued or running and lays these over it
+    -- (`jobs.published_job`), so the record is never read back into Lua for it.
+    local said = {}
+    for j, name in ipairs(PROGRESS) do
+      if h[9 + j] then
+        said[#said + 1] = name
+        said[#said + 1] = h[9 + j]
+      end
+    end
+    for f = first, last do said[#said + 1] = ARGV[f] end
+    local packed = cmsgpack.pack(said)
     local message = #packed <= PUBLISH_MAX and packed or 'final'
     if h[9] then  -- only the API processes that wait on it (keys.done_channel)
       local base = channel:sub(1, #channel - #id)

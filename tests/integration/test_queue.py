@@ -13,7 +13,7 @@ from redis.asyncio.client import PubSub
 from inferq.redis_server import free_port
 from inferq.shared import keys
 from inferq.shared.errors import QueueUnavailable
-from inferq.shared.jobs import Job, JobError, Status, decode_published, encode_final
+from inferq.shared.jobs import Job, JobError, Status, encode_final, published_job
 from inferq.shared.queue import Final, Idempotency, Submitted
 from inferq.shared.schema import JobField
 from tests.queues import JobQueue
@@ -180,7 +180,8 @@ async def test_finish_tells_the_processes_the_record_names_and_listen_adds_one(
     assert sorted(c for c, _ in heard) == sorted(
         [keys.done_channel("t1", "a1"), keys.done_channel("t1", "b2"), keys.done_channel("t2")]
     )
-    assert all(decode_published(data) is not None for _, data in heard)
+    queued = Job(id="t1", model="echo", inputs=["x"])
+    assert all(published_job(data, queued) is not None for _, data in heard)
     # Final: a LISTEN reads it and adds nobody (FINISH has published already).
     late = JobQueue(queue.redis, result_ttl_s=60, listener="c3")
     final = await late.get("t1", listen=True)
@@ -199,31 +200,67 @@ async def test_listen_names_at_most_sixteen_processes(queue: JobQueue) -> None:
     assert raw is not None and msgpack.unpackb(raw).split() == [f"p{i}" for i in range(16)]
 
 
-@pytest.mark.parametrize("width", [4, 24 * 384])  # 32 B of outputs (read back), 72 KiB (not)
-async def test_the_completion_message_is_the_final_record_without_inputs(
-    queue: JobQueue, width: int
+@pytest.mark.parametrize("width", [4, 24 * 384])  # 32 B of outputs, 72 KiB
+@pytest.mark.parametrize("outcome", ["succeeded", "failed"])
+async def test_the_completion_message_over_the_queued_job_is_the_final_record(
+    queue: JobQueue, width: int, outcome: str
 ) -> None:
-    """FINISH publishes the record as stored, less its inputs, field for field: large outputs
-    are taken from the call rather than read back into Lua, and must not change a byte."""
+    """FINISH publishes what it wrote and what the worker wrote while the job ran (started,
+    attempts, progress), never the record read back: laid over the job as its submitter
+    holds it, that is the stored final record, less its inputs, field for field."""
     await queue.ensure_group("echo")
-    await queue.submit(Job(id="m1", model="echo", inputs=["a", "b"]))
+    submitted = Job(id="m1", model="echo", inputs=["a", "b"], tenant="t", metadata={"k": "v"})
+    await queue.submit(submitted)
     (entry,) = await queue.read("echo", "c1", count=1, block_ms=100)
+    await queue.claim(["m1"], 1234)
+    await queue.start(["m1"], [True], [1])  # one device start, one input done
     out = np.arange(2 * width, dtype=np.float32).reshape(2, width)
-    ok = encode_final(Status.SUCCEEDED, finished_ms=5, outputs=out, worker="w1")
+    ok = outcome == "succeeded"
+    fields = encode_final(
+        Status.SUCCEEDED if ok else Status.FAILED,
+        finished_ms=5678,
+        outputs=out if ok else None,
+        error=None if ok else JobError("model_error", "boom"),
+        batch=(2, 9),
+        worker="w1",
+    )
     pubsub = queue.redis.pubsub()
     await pubsub.subscribe(keys.done_channel("m1"))
-    assert await queue.finish([Final("echo", entry.stream, entry.entry_id, "m1", ok)]) == [1]
+    assert await queue.finish([Final("echo", entry.stream, entry.entry_id, "m1", fields)]) == [1]
     message = None
     for _ in range(5):  # the first read may be the subscribe confirmation, which is skipped
         message = message or await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
     await pubsub.aclose()
     assert message is not None
     flat = msgpack.unpackb(message["data"], raw=True)
-    published = dict(zip(flat[::2], flat[1::2], strict=True))
-    stored = await queue.redis.hgetall(keys.job("m1"))
-    assert published == stored and JobField.INPUTS.encode() not in stored
-    job = decode_published(message["data"])
-    assert job is not None and np.array_equal(np.asarray(job.outputs), out)
+    progress = {JobField.STARTED_MS, JobField.ATTEMPTS, JobField.ITEMS_DONE}
+    assert {k.decode() for k in flat[::2]} == set(fields) | progress  # nothing else is read
+    job = published_job(message["data"], submitted)
+    stored = await queue.get("m1")
+    assert job is not None and stored is not None and stored.inputs == [] and job.inputs == []
+    assert (job.started_ms, job.attempts, job.items_done) == (1234, 1, 1)
+    for name in (
+        "status",
+        "started_ms",
+        "finished_ms",
+        "attempts",
+        "items_done",
+        "batch_size",
+        "batch_tokens",
+        "worker",
+        "error",
+        "tenant",
+        "metadata",
+        "items",
+        "created_ms",
+    ):
+        assert getattr(job, name) == getattr(stored, name), name
+    assert job.timings() == stored.timings()
+    if ok:
+        assert np.array_equal(np.asarray(job.outputs), out)
+        assert np.array_equal(np.asarray(stored.outputs), out)
+    else:
+        assert job.outputs is None and stored.outputs is None
 
 
 async def test_finish_a_batch_in_one_call(queue: JobQueue) -> None:

@@ -20,6 +20,7 @@ from inferq.shared.jobs import (
     input_bytes,
     inputs_bytes,
     new_job_id,
+    published_job,
 )
 
 
@@ -139,3 +140,49 @@ def test_fields_pack_as_packb_does_on_every_thread_and_after_a_failed_pack() -> 
 def test_a_jobs_inputs_weigh_what_each_input_weighs(values: list[object]) -> None:
     """`inputs_bytes`'s texts-only shortcut and its general case both equal the sum."""
     assert inputs_bytes(values) == sum(input_bytes(v) for v in values)
+
+
+def _message(fields: dict[str, bytes]) -> bytes:
+    return msgpack.packb([x for k, v in fields.items() for x in (k.encode(), v)])
+
+
+def test_a_completion_message_is_laid_over_the_job_its_waiter_holds() -> None:
+    queued = Job(id="j", model="m", inputs=["a", "b"], tenant="t", created_ms=100)
+    queued.started_ms, queued.attempts = 150, 1  # as the waiter last read it: running
+    out = np.ones((2, 3), np.float32)
+    final = encode_final(Status.SUCCEEDED, finished_ms=300, outputs=out, batch=(2, 5), worker="w")
+    job = published_job(_message(final), queued)
+    assert job is not None and job is not queued and queued.status is Status.QUEUED
+    assert (job.status, job.finished_ms, job.batch_size, job.batch_tokens, job.worker) == (
+        Status.SUCCEEDED, 300, 2, 5, "w",
+    )  # fmt: skip
+    assert job.inputs == [] and job.items == 2 and job.tenant == "t"  # the record drops inputs
+    assert np.array_equal(np.asarray(job.outputs), out)
+    assert job.timings()["queued_ms"] == 50 and job.timings()["run_ms"] == 150
+    # What the worker wrote while it ran comes with the message, and wins over the old read.
+    later = _message({"started_ms": msgpack.packb(170), "attempts": msgpack.packb(2)} | final)
+    job = published_job(later, queued)
+    assert job is not None and (job.started_ms, job.attempts) == (170, 2)
+    failed = encode_final(Status.FAILED, finished_ms=9, error=JobError(ErrorCode.MODEL_ERROR, "x"))
+    job = published_job(_message(failed), queued)
+    assert job is not None and job.error == JobError(ErrorCode.MODEL_ERROR, "x")
+    assert job.outputs is None
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        None,
+        b"",
+        b"final",  # too large to send: read it back
+        b"\xc1",  # not msgpack
+        msgpack.packb({"status": "succeeded"}),  # not a flat list
+        msgpack.packb([b"status"]),  # odd
+        _message({"finished_ms": msgpack.packb(1)}),  # no status
+        _message({"status": msgpack.packb("running")}),  # not final
+        _message({"status": msgpack.packb("lost")}),  # no such status
+        _message({"status": msgpack.packb("succeeded"), "outputs": msgpack.packb(7)}),
+    ],
+)
+def test_a_completion_message_it_cannot_use_means_read_back(payload: bytes | None) -> None:
+    assert published_job(payload, Job(id="j", model="m", inputs=["a"])) is None
