@@ -12,8 +12,10 @@
 - admit: decide each job's fate before it costs device time: poisoned (on a device at
   `max_deliveries` worker deaths), expired, refused by the model's `prepare` (its own job
   fails, nothing else), or held, split into items. `prepare` runs in a thread of its own, so
-  tokenising or decoding never blocks the event loop, and the jobs of one claim are prepared
-  in one call where the model can (`PreparesMany`: one tokenizer call for all their texts).
+  tokenising or decoding never holds up the event loop, unless its measured cost says the
+  claim's inputs take less than a hop to that thread would (`policy.prepare`); the jobs of
+  one claim are prepared in one call where the model can (`PreparesMany`: one tokenizer call
+  for all their texts).
 """
 
 from __future__ import annotations
@@ -21,13 +23,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from inferq.shared.consumer import JobConsumer
-from inferq.shared.jobs import Clock, ErrorCode, Job, JobError, Status, decode_input
+from inferq.shared.jobs import (
+    Clock,
+    ErrorCode,
+    Job,
+    JobError,
+    Status,
+    decode_input,
+    inputs_bytes,
+)
 from inferq.shared.queue import Entry
 from inferq.shared.registry import WorkerRegistry
 from inferq.shared.schema import LANES
@@ -44,6 +55,7 @@ from inferq.worker.models.base import (
     Tensor,
 )
 from inferq.worker.policy.lanes import lane_order
+from inferq.worker.policy.prepare import PrepareCost
 from inferq.worker.policy.scheduler import Item
 from inferq.worker.shard_reads import ShardReads
 
@@ -99,6 +111,10 @@ class Intake:
         # One thread: a job's inputs are prepared in order; the model has its own threads.
         self._prepare = ThreadPoolExecutor(1, thread_name_prefix="inferq-prepare")
         self._prepare_lock = threading.Lock()
+        self.prepare_cost = PrepareCost()
+        # The prepare's own CPU, not its wall time: in the thread, a wait for the GIL is
+        # contention, not cost, and would keep every claim off the loop under load.
+        self.prepare_timer: Callable[[], float] = time.thread_time
 
     def shutdown(self) -> None:
         self._prepare.shutdown(wait=True)
@@ -248,8 +264,12 @@ class Intake:
 
     async def _prepare_held(self, ready: list[tuple[Entry, Job, bool]], out: Arrivals) -> None:
         jobs = [(entry, job) for entry, job, _ in ready]
-        loop = asyncio.get_running_loop()
-        prepared = await loop.run_in_executor(self._prepare, self._prepare_all, jobs)
+        size = sum(inputs_bytes(job.inputs) for _, job in jobs)
+        if self.prepare_cost.inline(size):
+            prepared = self._prepare_timed(jobs, size)
+        else:
+            loop = asyncio.get_running_loop()
+            prepared = await loop.run_in_executor(self._prepare, self._prepare_timed, jobs, size)
         arrived = self.clock.monotonic()
         for (entry, job, started), result in zip(ready, prepared, strict=True):
             if isinstance(result, JobError):
@@ -279,6 +299,14 @@ class Intake:
         if job.deadline_ms and now_ms > job.deadline_ms:
             return JobError(ErrorCode.EXPIRED, "deadline passed in queue")
         return None
+
+    def _prepare_timed(
+        self, ready: list[tuple[Entry, Job]], size: int
+    ) -> list[list[Prepared] | JobError]:
+        start = self.prepare_timer()
+        out = self._prepare_all(ready)
+        self.prepare_cost.observe(size, self.prepare_timer() - start)
+        return out
 
     def _prepare_all(self, ready: list[tuple[Entry, Job]]) -> list[list[Prepared] | JobError]:
         """Every job in one `prepare_many` call when the model has one (for a tokenizer, one

@@ -8,6 +8,7 @@ The real CLAIM and XREADGROUP are tested on a real Redis in tests/integration/te
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -422,3 +423,41 @@ async def test_a_batched_prepare_with_the_wrong_count_falls_back_per_job(
     a, b = queue.add("a"), queue.add("b c")
     out = await intake.admit([a, b])
     assert [[it.cost for it in items] for _, items in out.held] == [[1], [2]]
+
+
+class Timed(SteeredMany):
+    """`SteeredMany` that notes which thread prepared each claim and takes `delay_s` of a
+    fake clock to do it."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock, self.delay_s = clock, 0.0
+        self.threads: list[str] = []
+
+    def prepare_many(
+        self, jobs: Sequence[tuple[list[Input], Mapping[str, Any]]]
+    ) -> list[list[Prepared]]:
+        self.threads.append(threading.current_thread().name)
+        self.clock.t += self.delay_s
+        return super().prepare_many(jobs)
+
+
+async def test_a_claim_is_prepared_on_the_loop_only_once_its_cost_is_known_to_be_small(
+    queue: FakeQueue,
+) -> None:
+    intake, clock, _ = _intake(queue)
+    model = intake.model = Timed(clock)
+    intake.prepare_timer = clock.monotonic  # the fake clock stands in for the CPU clock
+    loop_thread = threading.current_thread().name
+
+    async def claim() -> str:
+        out = await intake.admit([queue.add("a b", "c"), queue.add("d")])
+        assert [[it.cost for it in items] for _, items in out.held] == [[2, 1], [1]]
+        return model.threads[-1]
+
+    assert (await claim()).startswith("inferq-prepare")  # nothing known yet: the thread
+    assert await claim() == loop_thread  # it took no time (the fake clock did not move)
+    model.delay_s = 1.0  # a slow one, measured on the loop...
+    assert await claim() == loop_thread
+    assert (await claim()).startswith("inferq-prepare")  # ...sends the next to the thread
+    assert max(intake.prepare_cost.seconds.values()) > 0.1  # the slow one, averaged in
