@@ -226,6 +226,40 @@ local function wants(spec, status)
 end
 """
 
+# The record without its inputs, packed: what a webhook's delivery entry carries. Large
+# outputs the caller already holds (`outputs`: FINISH's argument) are not read back: every
+# value read into Lua is copied and hashed whole (~1 µs a KiB; 32 vectors are 49 KiB), so
+# the rest is read by name and the outputs added from the argument. Small ones: one HGETALL
+# is cheaper than naming the fields.
+_RECORD = """
+local BIG_OUTPUTS = 8192
+local function record_without_inputs(key, outputs)
+  local flat = {}
+  if outputs and #outputs > BIG_OUTPUTS then
+    local wanted = {}
+    for _, name in ipairs(redis.call('HKEYS', key)) do
+      if name ~= F.inputs and name ~= F.outputs then wanted[#wanted + 1] = name end
+    end
+    local values = redis.call('HMGET', key, unpack(wanted))
+    for j = 1, #wanted do
+      flat[#flat + 1] = wanted[j]
+      flat[#flat + 1] = values[j]
+    end
+    flat[#flat + 1] = F.outputs
+    flat[#flat + 1] = outputs
+  else
+    local all = redis.call('HGETALL', key)
+    for j = 1, #all, 2 do
+      if all[j] ~= F.inputs then
+        flat[#flat + 1] = all[j]
+        flat[#flat + 1] = all[j + 1]
+      end
+    end
+  end
+  return cmsgpack.pack(flat)
+end
+"""
+
 # Final outcomes for a batch of jobs in one call (a script call costs Redis far more than
 # the writes inside it). KEYS: item counter, byte counter, dead-letter stream, webhook stream,
 # cache index, cache sizes, cache bytes, then `ns` job streams, then per job: the job, its
@@ -244,10 +278,10 @@ end
 # back (it has the rest); otherwise it says 'final'.
 FINISH = (
     _WANTS
+    + _RECORD
     + """
 local now = tonumber(ARGV[3])
 local PUBLISH_MAX = 262144
-local BIG_OUTPUTS = 8192
 local PROGRESS = {F.started_ms, F.attempts, F.items_done}  -- written by the job's worker
 local function cache_drop(k)
   local size = redis.call('HGET', KEYS[6], k)
@@ -274,35 +308,6 @@ local function cache_put(spec, value)
     cache_drop(first)
     held = tonumber(redis.call('GET', KEYS[7]) or '0')
   end
-end
--- The record without its inputs, packed: a webhook's delivery carries it. Large outputs
--- this call brought are not read back: every value read into Lua is copied and hashed whole
--- (~1 us a KiB; 32 vectors are 49 KiB), so the rest is read by name and the outputs added
--- from the argument. Small ones: one HGETALL is cheaper than naming the fields.
-local function record_without_inputs(key, outputs)
-  local flat = {}
-  if outputs and #outputs > BIG_OUTPUTS then
-    local wanted = {}
-    for _, name in ipairs(redis.call('HKEYS', key)) do
-      if name ~= F.inputs and name ~= F.outputs then wanted[#wanted + 1] = name end
-    end
-    local values = redis.call('HMGET', key, unpack(wanted))
-    for j = 1, #wanted do
-      flat[#flat + 1] = wanted[j]
-      flat[#flat + 1] = values[j]
-    end
-    flat[#flat + 1] = F.outputs
-    flat[#flat + 1] = outputs
-  else
-    local all = redis.call('HGETALL', key)
-    for j = 1, #all, 2 do
-      if all[j] ~= F.inputs then
-        flat[#flat + 1] = all[j]
-        flat[#flat + 1] = all[j + 1]
-      end
-    end
-  end
-  return cmsgpack.pack(flat)
 end
 local function release(counter, packed)
   if packed and redis.call('DECRBY', counter, cmsgpack.unpack(packed)) < 0 then
@@ -413,6 +418,7 @@ CACHED = (
     _IDEMPOTENT
     + _WANTS
     + _INDEX
+    + _RECORD
     + """
 if #KEYS == 5 then
   local prior = prior_job(KEYS[5], ARGV[4])
@@ -424,14 +430,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[2])
 index_add(KEYS[4], KEYS[1], ARGV[5])
 local webhook = redis.call('HGET', KEYS[1], F.webhook)
 if webhook and wants(cmsgpack.unpack(webhook), S.succeeded) then
-  local flat, rec = redis.call('HGETALL', KEYS[1]), {}
-  for j = 1, #flat, 2 do
-    if flat[j] ~= F.inputs then
-      rec[#rec + 1] = flat[j]
-      rec[#rec + 1] = flat[j + 1]
-    end
-  end
-  redis.call('XADD', KEYS[2], '*', D.job, ARGV[1], D.record, cmsgpack.pack(rec))
+  redis.call('XADD', KEYS[2], '*', D.job, ARGV[1], D.record, record_without_inputs(KEYS[1]))
   redis.call('INCR', KEYS[3])
 end
 if #KEYS == 5 then redis.call('SET', KEYS[5], bound_to(ARGV[1], ARGV[4]), 'EX', ARGV[3]) end

@@ -13,9 +13,17 @@ from redis.asyncio.client import PubSub
 from inferq.redis_server import free_port
 from inferq.shared import keys
 from inferq.shared.errors import QueueUnavailable
-from inferq.shared.jobs import Job, JobError, Status, encode_final, published_job
+from inferq.shared.jobs import (
+    Job,
+    JobError,
+    Status,
+    decode_published,
+    encode_final,
+    encode_submit,
+    published_job,
+)
 from inferq.shared.queue import Final, Idempotency, Submitted
-from inferq.shared.schema import JobField
+from inferq.shared.schema import DeliveryField, JobField
 from tests.queues import JobQueue
 
 
@@ -261,6 +269,29 @@ async def test_the_completion_message_over_the_queued_job_is_the_final_record(
         assert np.array_equal(np.asarray(stored.outputs), out)
     else:
         assert job.outputs is None and stored.outputs is None
+
+
+@pytest.mark.parametrize("width", [4, 24 * 384])  # 32 B of outputs, 72 KiB
+async def test_a_job_answered_from_the_cache_queues_its_webhook_with_the_record_less_inputs(
+    queue: JobQueue, width: int
+) -> None:
+    """CACHED, for a job that asked for a webhook: the delivery entry carries the record as
+    stored, less its inputs (kept here, INFERQ_KEEP_INPUTS), field for field."""
+    kept = JobQueue(queue.redis, result_ttl_s=60, keep_inputs=True)
+    job = Job(id="h1", model="echo", inputs=["a", "b"], tenant="t")
+    job.webhook, job.status, job.cached = {"url": "http://127.0.0.1:9/hook"}, Status.SUCCEEDED, True
+    out = np.arange(2 * width, dtype=np.float32).reshape(2, width)
+    fields = encode_submit(job) | encode_final(Status.SUCCEEDED, finished_ms=7, outputs=out)
+    assert (await kept.record_cached(job, fields)).outcome == "created"
+    stored = await queue.redis.hgetall(keys.job("h1"))
+    assert JobField.INPUTS.encode() in stored  # kept in the record...
+    ((_, entry),) = await queue.redis.xrange(keys.webhooks("echo"))
+    flat = msgpack.unpackb(entry[DeliveryField.RECORD.encode()], raw=True)
+    delivered = dict(zip(flat[::2], flat[1::2], strict=True))
+    assert delivered == {k: v for k, v in stored.items() if k != JobField.INPUTS.encode()}
+    published = decode_published(entry[DeliveryField.RECORD.encode()])  # ...not in the delivery
+    assert published is not None and published.inputs == [] and published.cached
+    assert np.array_equal(np.asarray(published.outputs), out)
 
 
 async def test_finish_a_batch_in_one_call(queue: JobQueue) -> None:
