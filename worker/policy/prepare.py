@@ -8,10 +8,10 @@ against ~2.5 µs for the same call made on the loop. What keeps the loop respons
 bound: a claim whose expected cost is over `limit_s` still goes to the thread. The
 expectation is the measured CPU of earlier claims of about the same size (a moving average
 per power of two of their input bytes: a small claim's cost is mostly the call's own, not
-its bytes', so one rate a byte would misjudge both ends). Within a power of two a claim may
-cost up to about twice its class's average, so the loop is held ~1 ms at worst. A size
-never measured goes to the thread, and every call is measured wherever it ran, so a model
-whose inputs grow costly moves back to the thread by itself.
+its bytes', so one rate a byte would misjudge both ends). Its bytes may be up to twice
+those of the claims that made the average, so while the average holds, the loop is held
+about 1 ms at most. A size never measured goes to the thread, and every call is measured
+wherever it ran, so a model whose inputs grow costly moves back to the thread by itself.
 """
 
 from __future__ import annotations
